@@ -1,0 +1,252 @@
+"""``crawlctl``: the operator's command line.
+
+Every failure an operator can cause (bad URL, unreachable Redis, bad
+setting, unwritable output) ends in one line on stderr,
+``crawlctl: error: ...``, and a non-zero exit code from
+:mod:`crawld.exitcodes`, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import __version__, exitcodes
+from .config import ConfigError, CrawlConfig, settings_table
+from .crawls import CrawlExists, check_seeds, create_crawl, load_crawl, seed
+from .frontier import Frontier
+from .localredis import RedisServerError
+from .merge import merge_crawl
+from .redisconn import RedisUnfit, check, connect, redact, redis_url
+from .urls import BadURL
+
+
+class CliError(Exception):
+    """A one-line error with an exit code."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _client(args):
+    url = redis_url(getattr(args, "redis_url", None))
+    if not url:
+        raise CliError("REDIS_URL is not set (or pass --redis-url)", exitcodes.CONFIG)
+    client = connect(url)
+    check(client, url)
+    return client
+
+
+def _crawl_settings(args) -> dict:
+    """Crawl settings given on the command line (None = not given)."""
+    d = {
+        "num_shards": args.shards,
+        "max_rps_per_host": args.max_rps_per_host,
+        "max_depth": args.max_depth,
+        "burst": args.burst,
+        "max_inflight_per_host": args.max_inflight_per_host,
+        "allow_domains": args.allow_domain,
+        "user_agent": args.user_agent,
+        "visibility_timeout_s": args.visibility_timeout,
+        "max_attempts": args.max_attempts,
+    }
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _add_crawl_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("crawl settings (stored with the crawl; see 'crawlctl settings')")
+    g.add_argument("--crawl-id", help="crawl name (default: run-<UTC time>)")
+    g.add_argument("--shards", type=int, help="number of shards (default 4)")
+    g.add_argument("--max-rps-per-host", type=float, metavar="R",
+                   help="requests/s per registered domain (default 2)")
+    g.add_argument("--burst", type=float, help="GCRA capacity in requests, 1-2 (default 1)")
+    g.add_argument("--max-inflight-per-host", type=int, metavar="N", help="default 2")
+    g.add_argument("--max-depth", type=int, metavar="D", help="link depth limit (default 20)")
+    g.add_argument("--allow-domain", action="append", metavar="DOMAIN",
+                   help="extra registered domain in scope (repeatable)")
+    g.add_argument("--user-agent")
+    g.add_argument("--visibility-timeout", type=float, metavar="S", help="claim timeout in s (default 120)")
+    g.add_argument("--max-attempts", type=int, metavar="N", help="claims before dead-lettering (default 3)")
+
+
+def _new_crawl_id() -> str:
+    return "run-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 10000:04d}"
+
+
+def cmd_run(args) -> int:
+    from .runner import RunFailed, RunOptions, print_summary, run_crawl
+
+    seeds = check_seeds(args.seeds)
+    out = Path(args.out).resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".crawld-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CliError(f"--out {args.out}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
+    data = {"crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
+            **_crawl_settings(args)}
+    config = CrawlConfig.from_dict(data)
+    proxy = args.proxy or os.environ.get("CRAWLD_PROXY")
+    opts = RunOptions(redis_url=redis_url(args.redis_url), concurrency=args.workers, proxy=proxy,
+                      drain_timeout_s=args.drain_timeout,
+                      progress=sys.stderr.isatty() and not args.quiet)
+    try:
+        summary = run_crawl(config, opts)
+    except RunFailed as exc:
+        raise CliError(str(exc), exitcodes.FAILED)
+    print_summary(summary, args.json)
+    return exitcodes.OK
+
+
+def cmd_seed(args) -> int:
+    seeds = check_seeds(args.seeds)
+    client = _client(args)
+    if not args.crawl_id:
+        raise CliError("--crawl-id is required", exitcodes.USAGE)
+    data = {"crawl_id": args.crawl_id, "seeds": seeds, "output": str(Path(args.out).resolve()),
+            **_crawl_settings(args)}
+    config = CrawlConfig.from_dict(data)
+    create_crawl(client, config)
+    n = seed(client, config, seeds)
+    print(f"crawl {config.crawl_id}: {n} new seed(s) queued across {config.num_shards} shard(s)")
+    return exitcodes.OK
+
+
+def cmd_queue_depth(args) -> int:
+    client = _client(args)
+    config = load_crawl(client, args.crawl_id)
+    snaps = Frontier(client, config).snapshots()
+    total = sum(s.queued for s in snaps)
+    claimed = sum(s.claimed for s in snaps)
+    dead = sum(s.dead for s in snaps)
+    if args.json:
+        print(json.dumps({"crawl_id": config.crawl_id, "total": total, "claimed": claimed, "dead": dead,
+                          "shards": [{"shard": s.shard, "queued": s.queued, "hosts_waiting": s.scheduled,
+                                      "claimed": s.claimed, "dead": s.dead, **s.stats} for s in snaps]}))
+        return exitcodes.OK
+    print(f"total={total} claimed={claimed} dead={dead}")
+    if args.per_shard:
+        for s in snaps:
+            print(f"shard={s.shard} queued={s.queued} hosts_waiting={s.scheduled} claimed={s.claimed} "
+                  f"dead={s.dead} pushed={s.stats.get('pushed', 0)} acked={s.stats.get('acked', 0)}")
+    return exitcodes.OK
+
+
+def cmd_merge(args) -> int:
+    if args.crawl_id and (args.created_at or not redis_url(args.redis_url)):
+        created = args.created_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        output = args.out
+    else:
+        config = load_crawl(_client(args), args.crawl_id)
+        created, output = config.created_at, args.out or config.output
+    if not output:
+        raise CliError("--out is required without Redis", exitcodes.USAGE)
+    res = merge_crawl(output, args.crawl_id, created)
+    if res.parts == 0:
+        raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
+    print(f"artifact={res.path} rows={res.rows} duplicates_dropped={res.duplicates} "
+          f"torn_lines_skipped={res.bad_lines} parts={res.parts}")
+    return exitcodes.OK
+
+
+def cmd_settings(args) -> int:
+    print(settings_table())
+    return exitcodes.OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="crawlctl",
+        description="Operate crawld crawls: run one locally, seed one for the fleet, watch and merge it.",
+        epilog="Redis is taken from --redis-url or $REDIS_URL. Exit codes: 0 ok, 1 failed, "
+               "64 usage, 65 bad URL, 69 Redis unavailable, 73 output not writable, 78 bad setting.")
+    p.add_argument("--version", action="version", version=f"crawlctl {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="crawl locally from seeds to a Parquet artifact",
+                       description="All-in-one local crawl: private redis-server unless $REDIS_URL or "
+                                   "--redis-url is given, one worker process per shard plus the reclaimer, "
+                                   "until every shard is empty and nothing is claimed; then merge and "
+                                   "print a summary.")
+    r.add_argument("seeds", nargs="+", metavar="SEED_URL")
+    _add_crawl_options(r)
+    r.add_argument("--workers", type=int, default=int(os.environ.get("NUM_WORKERS", "32")), metavar="N",
+                   help="concurrent fetches per shard worker (default $NUM_WORKERS or 32)")
+    r.add_argument("--out", default="crawl-output", metavar="DIR",
+                   help="output directory: parts and crawls/YYYY/MM/DD/<id>.parquet (default ./crawl-output)")
+    r.add_argument("--proxy", metavar="URL", help="HTTP proxy for every request (default: $CRAWLD_PROXY, "
+                   "else the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables)")
+    r.add_argument("--redis-url", help="use this Redis instead of a private one")
+    r.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds workers get to finish in-flight fetches at the end (default 30)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.add_argument("--quiet", action="store_true", help="no live progress line")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")
+    s.add_argument("seeds", nargs="+", metavar="SEED_URL")
+    _add_crawl_options(s)
+    s.add_argument("--out", default=os.environ.get("OUTPUT_BUCKET", "crawl-output"), metavar="DIR",
+                   help="output location (default $OUTPUT_BUCKET or ./crawl-output)")
+    s.add_argument("--redis-url")
+    s.set_defaults(func=cmd_seed)
+
+    q = sub.add_parser("queue-depth", help="URLs queued and claimed (total=N)")
+    q.add_argument("--crawl-id", required=True)
+    q.add_argument("--per-shard", action="store_true")
+    q.add_argument("--json", action="store_true")
+    q.add_argument("--redis-url")
+    q.set_defaults(func=cmd_queue_depth)
+
+    m = sub.add_parser("merge", help="merge a crawl's parts into its Parquet artifact")
+    m.add_argument("--crawl-id", required=True)
+    m.add_argument("--out", metavar="DIR", help="output location (default: the crawl's, from Redis)")
+    m.add_argument("--created-at", help="UTC date for the artifact path when Redis is not used")
+    m.add_argument("--redis-url")
+    m.set_defaults(func=cmd_merge)
+
+    st = sub.add_parser("settings", help="list every crawl setting with unit and default")
+    st.set_defaults(func=cmd_settings)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return exitcodes.USAGE
+    try:
+        return args.func(args)
+    except CliError as exc:
+        err, code = str(exc), exc.code
+    except BadURL as exc:
+        err, code = str(exc), exitcodes.DATAERR
+    except (ConfigError, CrawlExists) as exc:
+        err, code = str(exc), exitcodes.CONFIG
+    except (RedisUnfit, RedisServerError) as exc:
+        err, code = str(exc), exitcodes.UNAVAILABLE
+    except KeyboardInterrupt:
+        err, code = "interrupted", exitcodes.INTERRUPTED
+    except OSError as exc:
+        err, code = f"{exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror or exc}", exitcodes.CANTCREAT
+    except Exception as exc:  # noqa: BLE001 - redis errors and the unforeseen: one line, not a trace
+        import redis
+
+        if isinstance(exc, redis.RedisError):
+            err, code = f"Redis: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", exitcodes.UNAVAILABLE
+        else:
+            raise
+    print(f"crawlctl: error: {err}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

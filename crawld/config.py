@@ -1,0 +1,233 @@
+"""Crawl configuration: every crawl setting, its unit, default and check.
+
+A crawl's config is written to Redis once, by ``crawlctl seed`` or
+``crawlctl run`` (key :func:`crawld.keys.crawl_config`), and every worker of
+the fleet reads it from there, so machines cannot disagree on ``num_shards``
+or on limits.  :data:`SETTINGS` is the single documented list; ``crawlctl
+settings`` prints it.
+
+Errors are :class:`ConfigError` whose message starts with the setting's name,
+so that the CLI can print it as a one-line error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from . import __version__
+from .keys import check_crawl_id
+
+#: schema version of the config JSON stored in Redis.
+CONFIG_VERSION = 1
+
+#: query parameters removed during canonicalisation by default: the common
+#: campaign-tracking parameters (Google Analytics ``utm_*``, Google Ads,
+#: Facebook, Microsoft, Mailchimp, HubSpot).  ``*`` is a prefix wildcard.
+DEFAULT_STRIP_PARAMS = (
+    "utm_*", "gclid", "dclid", "gbraid", "wbraid", "fbclid", "msclkid",
+    "mc_cid", "mc_eid", "_hsenc", "_hsmi",
+)
+
+
+class ConfigError(ValueError):
+    """An invalid setting; ``str(err)`` is ``"<setting>: <what is wrong>"``."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented crawl setting."""
+
+    name: str
+    unit: str
+    doc: str
+    check: Callable[[Any], Any]
+
+
+def _number(lo: float, hi: float, integer: bool = False) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("must be a number")
+        if isinstance(v, str):
+            v = v.strip()
+            try:
+                v = int(v) if integer else float(v)
+            except ValueError:
+                raise ValueError(f"must be {'an integer' if integer else 'a number'}, got {v!r}") from None
+        if integer:
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            if not isinstance(v, int):
+                raise ValueError(f"must be an integer, got {v!r}")
+        elif not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}, got {v:g}")
+        return int(v) if integer else float(v)
+    return check
+
+
+def _string(max_len: int = 1000) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if not isinstance(v, str) or not v.strip() or len(v) > max_len:
+            raise ValueError(f"must be a non-empty string of at most {max_len} characters")
+        return v.strip()
+    return check
+
+
+def _string_list(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [p for p in v.replace(",", " ").split() if p]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
+        raise ValueError("must be a list of non-empty strings")
+    return tuple(v)
+
+
+def _crawl_id(v: Any) -> str:
+    return check_crawl_id(v)
+
+
+#: every crawl setting, in documentation order.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("crawl_id", "", "name of the crawl; namespaces its Redis keys and artifact", _crawl_id),
+    Setting("seeds", "URLs", "start URLs; their registered domains are in scope", _string_list),
+    Setting("num_shards", "shards", "number of frontier shards (consistent hash of registered domain)", _number(1, 4096, True)),
+    Setting("max_rps_per_host", "requests/s", "rate limit per registered domain (GCRA)", _number(0.001, 10000)),
+    Setting("burst", "requests", "GCRA bucket capacity: back-to-back requests allowed after idle (1-2)", _number(1, 2)),
+    Setting("max_inflight_per_host", "requests", "fetches in flight at once per registered domain", _number(1, 1000, True)),
+    Setting("max_depth", "links", "link distance from a seed beyond which URLs are not fetched", _number(0, 10000, True)),
+    Setting("allow_domains", "domains", "registered domains in scope besides the seeds' own", _string_list),
+    Setting("strip_params", "names", "query parameters dropped from canonical URLs ('*' = prefix)", _string_list),
+    Setting("user_agent", "", "User-Agent header sent on every request", _string(300)),
+    Setting("connect_timeout_s", "s", "TCP connect timeout per request", _number(0.1, 600)),
+    Setting("read_timeout_s", "s", "timeout between two reads of a response", _number(0.1, 600)),
+    Setting("fetch_deadline_s", "s", "total time allowed for one request, body included", _number(0.1, 3600)),
+    Setting("max_body_bytes", "bytes", "response bodies are cut at this size", _number(1024, 1 << 31, True)),
+    Setting("max_redirects", "hops", "longest redirect chain followed from one URL", _number(0, 100, True)),
+    Setting("visibility_timeout_s", "s", "a claim not acked or extended within this is reclaimed", _number(1, 86400)),
+    Setting("max_attempts", "attempts", "claims of one URL before it is dead-lettered", _number(1, 100, True)),
+    Setting("retry_delay_s", "s", "wait before a URL whose fetch failed at the connection is retried", _number(0, 3600)),
+    Setting("output", "path", "where parts and the artifact are written (a directory)", _string(4096)),
+    Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _string(64)),
+)
+
+_SETTING_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class CrawlConfig:
+    """The immutable settings of one crawl, shared by the whole fleet.
+
+    Build it with :meth:`from_dict` (validating) rather than the constructor.
+    Units are in :data:`SETTINGS`; times are seconds, sizes bytes, rates
+    requests/s per registered domain.
+    """
+
+    crawl_id: str
+    seeds: tuple[str, ...] = ()
+    num_shards: int = 4
+    max_rps_per_host: float = 2.0
+    burst: float = 1.0
+    max_inflight_per_host: int = 2
+    max_depth: int = 20
+    allow_domains: tuple[str, ...] = ()
+    strip_params: tuple[str, ...] = DEFAULT_STRIP_PARAMS
+    user_agent: str = f"crawld/{__version__}"
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 20.0
+    fetch_deadline_s: float = 60.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_redirects: int = 10
+    visibility_timeout_s: float = 120.0
+    max_attempts: int = 3
+    retry_delay_s: float = 5.0
+    output: str = "crawl-output"
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CrawlConfig":
+        """Validate ``data`` (unknown keys rejected, missing keys defaulted).
+
+        Raises:
+            ConfigError: naming the first invalid or unknown setting.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError("config: must be a JSON object")
+        values: dict[str, Any] = {}
+        for name, raw in data.items():
+            if name == "version":
+                continue
+            setting = _SETTING_BY_NAME.get(name)
+            if setting is None:
+                raise ConfigError(f"{name}: unknown setting")
+            try:
+                values[name] = setting.check(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+        if "crawl_id" not in values:
+            raise ConfigError("crawl_id: missing")
+        cfg = cls(**values)
+        if cfg.fetch_deadline_s < cfg.read_timeout_s:
+            raise ConfigError("fetch_deadline_s: must be at least read_timeout_s")
+        return cfg
+
+    def replace(self, **changes: Any) -> "CrawlConfig":
+        """A validated copy with ``changes`` applied."""
+        data = self.to_dict()
+        data.update(changes)
+        return CrawlConfig.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def to_json(self) -> str:
+        """The JSON stored in Redis, with a schema version."""
+        return json.dumps({"version": CONFIG_VERSION, **self.to_dict()}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "CrawlConfig":
+        """Parse and validate the stored JSON.
+
+        Raises:
+            ConfigError: invalid JSON, a newer schema version or a bad setting.
+        """
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"config: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config: must be a JSON object")
+        version = data.get("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ConfigError(f"version: config schema {version} is not supported by crawld {__version__}")
+        return cls.from_dict(data)
+
+    @property
+    def emission_interval_ms(self) -> float:
+        """GCRA emission interval T = 1000 / max_rps_per_host, in ms."""
+        return 1000.0 / self.max_rps_per_host
+
+    @property
+    def burst_tolerance_ms(self) -> float:
+        """GCRA tolerance tau = (burst - 1) * T, in ms."""
+        return (self.burst - 1.0) * self.emission_interval_ms
+
+
+def settings_table() -> str:
+    """The documented settings as aligned text (for ``crawlctl settings``)."""
+    defaults = CrawlConfig(crawl_id="x").to_dict()
+    lines = []
+    for s in SETTINGS:
+        default = defaults.get(s.name)
+        if s.name in ("crawl_id", "created_at", "seeds"):
+            default = "(required)" if s.name != "created_at" else "(now)"
+        elif isinstance(default, list):
+            default = ",".join(default) or "(none)"
+        lines.append(f"{s.name:<22} {str(default):<28} {s.unit:<12} {s.doc}")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Creating and seeding crawls in Redis.
+
+A crawl exists once its config is stored (``SET NX``, so two operators
+cannot create the same crawl with different settings) and its id is in the
+crawl registry.  Seeds are pushed like any discovered link: canonicalised,
+routed to the shard of their registered domain, deduplicated.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from . import keys
+from .config import ConfigError, CrawlConfig
+from .frontier import Entry, Frontier
+from .scope import Router
+from .urls import BadURL, canonicalize, fingerprint
+
+
+class CrawlExists(RuntimeError):
+    """A crawl with this id already has a config in Redis."""
+
+
+def check_seeds(seeds: list[str]) -> list[str]:
+    """Validate seed URLs; returns them stripped.
+
+    Raises:
+        BadURL: naming the first seed that is not an absolute http(s) URL.
+    """
+    out = []
+    for s in seeds:
+        try:
+            canonicalize(s)
+        except BadURL as exc:
+            raise BadURL(f"seed {s!r}: {exc}") from None
+        out.append(s.strip())
+    if not out:
+        raise BadURL("no seed URL given")
+    return out
+
+
+def create_crawl(client: redis.Redis, config: CrawlConfig) -> None:
+    """Store ``config`` and register the crawl.
+
+    Raises:
+        CrawlExists: the crawl id is taken (with a different config).
+    """
+    key = keys.crawl_config(config.crawl_id)
+    if not client.set(key, config.to_json(), nx=True):
+        existing = client.get(key)
+        if existing is not None and CrawlConfig.from_json(existing) == config:
+            return
+        raise CrawlExists(f"crawl_id: crawl {config.crawl_id!r} already exists in Redis; pick another id")
+    client.sadd(keys.CRAWLS, config.crawl_id)
+
+
+def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
+    """The stored config of ``crawl_id``.
+
+    Raises:
+        ConfigError: no such crawl, or an invalid stored config.
+    """
+    raw = client.get(keys.crawl_config(keys.check_crawl_id(crawl_id)))
+    if raw is None:
+        raise ConfigError(f"crawl_id: no crawl {crawl_id!r} in this Redis")
+    return CrawlConfig.from_json(raw)
+
+
+def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
+    """Push ``urls`` at depth 0; returns how many were new."""
+    frontier = Frontier(client, config)
+    router = Router(config)
+    by_shard: dict[int, list] = {}
+    for u in urls:
+        canon = router.canonical(u)
+        if canon is None:
+            raise BadURL(f"seed {u!r}: not a crawlable URL")
+        r = router.route(canon)
+        fp = fingerprint(canon)
+        by_shard.setdefault(r.shard, []).append((fp, r.pkey, Entry(u, canon, 0).to_payload()))
+    return sum(frontier.push(s, items) for s, items in by_shard.items())

@@ -1,0 +1,129 @@
+"""HTTP fetching with requests: one request, no automatic redirects.
+
+Each fetch has a connect timeout, a read timeout (between two reads), a
+total deadline (gevent.Timeout around the whole exchange, body included) and
+a body size cap.  Redirects are never followed here: the worker turns a 3xx
+into a new frontier entry, scheduled, deduplicated and rate-limited on the
+shard of its own host.
+
+Call from a gevent-patched process (crawld.worker patches at start).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import gevent
+import requests
+from requests.adapters import HTTPAdapter
+
+from .config import CrawlConfig
+
+_CHUNK = 64 * 1024
+
+
+class FetchDeadline(Exception):
+    """The total fetch deadline passed (raised by gevent.Timeout)."""
+
+
+@dataclass
+class FetchResult:
+    """The outcome of one HTTP request.
+
+    ``status`` is None when no response arrived; then ``error`` says why and
+    ``error_kind`` is one of ``connect``, ``timeout``, ``deadline``,
+    ``protocol``, ``invalid_url``, ``other``; ``retryable`` tells whether
+    another attempt may succeed.  ``started_at`` is Unix time (s) when the
+    request began; ``elapsed_ms`` runs until the body was read.  ``body`` is
+    at most ``max_body_bytes`` (``truncated`` when cut), after
+    Content-Encoding decoding.
+    """
+
+    url: str
+    started_at: float
+    elapsed_ms: float = 0.0
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    truncated: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    retryable: bool = False
+
+
+def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None) -> requests.Session:
+    """A pooled session for one worker.
+
+    ``proxy`` (``http://host:port``) is used for http and https; without it
+    requests reads the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables.
+    """
+    s = requests.Session()
+    adapter = HTTPAdapter(pool_connections=256, pool_maxsize=max(concurrency, 4), max_retries=0)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    s.headers.update({
+        "User-Agent": config.user_agent,
+        "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
+    })
+    if proxy:
+        s.proxies.update({"http": proxy, "https": proxy})
+    return s
+
+
+def _classify(exc: BaseException) -> tuple[str, bool]:
+    if isinstance(exc, (FetchDeadline, gevent.Timeout)):
+        return "deadline", True
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return "timeout", True
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return "timeout", True
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+                        requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader,
+                        UnicodeError)):
+        return "invalid_url", False
+    if isinstance(exc, requests.exceptions.ProxyError):
+        return "connect", True
+    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
+        return "protocol", True
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "connect", True
+    return "other", False
+
+
+def fetch(session: requests.Session, url: str, config: CrawlConfig) -> FetchResult:
+    """GET ``url`` once.  Never raises: failures are in the result."""
+    res = FetchResult(url=url, started_at=time.time())
+    t0 = time.monotonic()
+    resp = None
+    try:
+        with gevent.Timeout(config.fetch_deadline_s, FetchDeadline):
+            resp = session.get(url, stream=True, allow_redirects=False,
+                               timeout=(config.connect_timeout_s, config.read_timeout_s))
+            res.status = resp.status_code
+            res.headers = {k.lower(): v for k, v in resp.headers.items()}
+            cap = config.max_body_bytes
+            chunks, size = [], 0
+            for chunk in resp.iter_content(_CHUNK):
+                size += len(chunk)
+                if size > cap:
+                    chunks.append(chunk[: len(chunk) - (size - cap)])
+                    res.truncated = True
+                    break
+                chunks.append(chunk)
+            res.body = b"".join(chunks)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a row
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, gevent.GreenletExit)):
+            raise
+        kind, retryable = _classify(exc)
+        res.error_kind, res.retryable = kind, retryable
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        res.error = f"{kind}: {type(exc).__name__}{': ' + msg[:300] if msg else ''}"
+        if res.status is not None and kind in ("deadline", "timeout", "protocol"):
+            # headers arrived but the body did not: keep the status, flag it
+            res.truncated = True
+    finally:
+        if resp is not None:
+            resp.close()
+        res.elapsed_ms = (time.monotonic() - t0) * 1000.0
+    return res

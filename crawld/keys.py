@@ -1,0 +1,110 @@
+"""The Redis key schema: the one place that names crawld's keys.
+
+Every key is namespaced by ``crawl_id``.  Keys that belong to a shard carry
+the hash tag ``{crawl_id:shard}`` so that every Lua script touches a single
+Redis Cluster slot; crawl-wide keys carry ``{crawl_id}``.  Lua scripts,
+workers, the reclaim loop, the CLI and the tests all build keys through this
+module and nowhere else.
+
+Shard keys and their types:
+
+========== ======== ==========================================================
+name       type     contents
+========== ======== ==========================================================
+queue      zset     frontier entries, all scored 0, member
+                    ``pkey \\x1f seq \\x1f attempts \\x1f payload``; lexical
+                    order gives one FIFO per politeness key (Mercator back
+                    queues inside one key)
+sched      zset     politeness key -> next allowed fetch time (ms, Redis time)
+gcra       hash     politeness key -> GCRA theoretical arrival time (ms)
+inflight   hash     politeness key -> entries claimed and not yet acked
+claimed    zset     claim token -> visibility deadline (ms, Redis time)
+claims     hash     claim token -> ``pkey \\x1f attempts \\x1f payload``
+seen       set      64-bit fingerprints of canonical URLs ever pushed
+dead       list     dead-lettered entries (JSON with reason)
+stats      hash     monotonic counters: pushed, dup, claimed, acked, nacked,
+                    reclaimed, dead
+seq        string   counter for queue order and claim tokens
+========== ======== ==========================================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "crawld"
+
+#: crawl ids are used inside key names and hash tags, so braces, colons and
+#: whitespace are not allowed.
+CRAWL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+#: the order in which frontier scripts receive the shard keys (KEYS[1..n]).
+SHARD_KEY_NAMES = (
+    "queue", "sched", "gcra", "inflight", "claimed", "claims",
+    "seen", "dead", "stats", "seq",
+)
+
+
+def check_crawl_id(crawl_id: str) -> str:
+    """Return ``crawl_id`` if it is usable in key names.
+
+    Raises:
+        ValueError: when it is empty, longer than 64 characters or holds
+            characters other than letters, digits, ``.``, ``_`` and ``-``.
+    """
+    if not isinstance(crawl_id, str) or not CRAWL_ID_RE.match(crawl_id):
+        raise ValueError(
+            f"invalid crawl id {crawl_id!r}: use 1-64 letters, digits, '.', '_' or '-'"
+        )
+    return crawl_id
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard of one crawl (see the module table)."""
+
+    queue: str
+    sched: str
+    gcra: str
+    inflight: str
+    claimed: str
+    claims: str
+    seen: str
+    dead: str
+    stats: str
+    seq: str
+
+    def all(self) -> list[str]:
+        """All keys in :data:`SHARD_KEY_NAMES` order, as Lua's KEYS expect."""
+        return [getattr(self, n) for n in SHARD_KEY_NAMES]
+
+
+def shard_tag(crawl_id: str, shard: int) -> str:
+    """The hash tag shared by every key of one shard: ``{crawl_id:shard}``."""
+    return "{%s:%d}" % (crawl_id, shard)
+
+
+def shard_keys(crawl_id: str, shard: int) -> ShardKeys:
+    """Keys of ``shard`` (0-based) of ``crawl_id``."""
+    base = f"{PREFIX}:{shard_tag(crawl_id, shard)}:"
+    return ShardKeys(**{n: base + n for n in SHARD_KEY_NAMES})
+
+
+def crawl_config(crawl_id: str) -> str:
+    """String key holding the crawl's config as JSON (see crawld.config)."""
+    return f"{PREFIX}:{{{crawl_id}}}:config"
+
+
+def crawl_control(crawl_id: str) -> str:
+    """Hash of operator requests for a crawl (e.g. ``drain`` -> 1)."""
+    return f"{PREFIX}:{{{crawl_id}}}:control"
+
+
+def crawl_patterns(crawl_id: str) -> tuple[str, str]:
+    """SCAN match patterns that together cover every key of a crawl."""
+    return (f"{PREFIX}:{{{crawl_id}}}:*", f"{PREFIX}:{{{crawl_id}:*")
+
+
+#: set of the ids of crawls that have a config in this Redis.
+CRAWLS = f"{PREFIX}:crawls"

@@ -1,0 +1,86 @@
+"""The artifact's row: its Arrow schema and how a fetch becomes a row.
+
+One row per URL.  Workers write rows as NDJSON lines (``fetched_at`` as
+integer Unix milliseconds); ``crawlctl merge`` reads them with
+:data:`NDJSON_SCHEMA` and writes Parquet with :data:`SCHEMA`.
+
+``outcome`` is one of:
+
+* ``fetched``   a response arrived (any status that is not a redirect);
+* ``redirect``  a 3xx with a Location; ``final_url`` is where it points,
+                and that URL has its own row (when in scope);
+* ``error``     no usable response; ``error`` says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+#: columns of the Parquet artifact.
+SCHEMA = pa.schema([
+    pa.field("crawl_id", pa.string(), nullable=False),
+    pa.field("url", pa.string(), nullable=False),
+    pa.field("canonical_url", pa.string(), nullable=False),
+    pa.field("final_url", pa.string()),
+    pa.field("outcome", pa.string(), nullable=False),
+    pa.field("status", pa.int32()),
+    pa.field("redirect_chain", pa.list_(pa.string())),
+    pa.field("content_type", pa.string()),
+    pa.field("content_length", pa.int64()),
+    pa.field("truncated", pa.bool_()),
+    pa.field("title", pa.string()),
+    pa.field("meta_robots", pa.string()),
+    pa.field("canonical_link", pa.string()),
+    pa.field("depth", pa.int32()),
+    pa.field("referrer", pa.string()),
+    pa.field("outlinks", pa.list_(pa.string())),
+    pa.field("host", pa.string()),
+    pa.field("fetched_at", pa.timestamp("ms", tz="UTC")),
+    pa.field("response_ms", pa.float64()),
+    pa.field("error", pa.string()),
+    pa.field("shard", pa.int32()),
+    pa.field("attempt", pa.int32()),
+], metadata={"crawld.schema_version": "1"})
+
+#: the same columns as written in NDJSON parts (timestamps as int ms).
+NDJSON_SCHEMA = pa.schema([
+    f if f.name != "fetched_at" else pa.field("fetched_at", pa.int64()) for f in SCHEMA
+])
+
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard: int, attempt: int,
+             depth: int, referrer: str | None, host: str, fetched_at: float, response_ms: float,
+             status: int | None = None, final_url: str | None = None,
+             redirect_chain: tuple[str, ...] | list[str] = (), content_type: str | None = None,
+             content_length: int | None = None, truncated: bool = False, title: str | None = None,
+             meta_robots: str | None = None, canonical_link: str | None = None,
+             outlinks: list[str] | None = None, error: str | None = None) -> dict[str, Any]:
+    """A row as a dict ready for NDJSON; ``fetched_at`` in Unix seconds."""
+    return {
+        "crawl_id": crawl_id,
+        "url": url,
+        "canonical_url": canonical_url,
+        "final_url": final_url if final_url is not None else (url if status is not None else None),
+        "outcome": outcome,
+        "status": status,
+        "redirect_chain": list(redirect_chain),
+        "content_type": content_type,
+        "content_length": content_length,
+        "truncated": truncated,
+        "title": title,
+        "meta_robots": meta_robots,
+        "canonical_link": canonical_link,
+        "depth": depth,
+        "referrer": referrer,
+        "outlinks": outlinks or [],
+        "host": host,
+        "fetched_at": int(fetched_at * 1000),
+        "response_ms": round(response_ms, 3),
+        "error": error,
+        "shard": shard,
+        "attempt": attempt,
+    }

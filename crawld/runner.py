@@ -1,0 +1,189 @@
+"""``crawlctl run``: an all-in-one local crawl, start to artifact.
+
+Starts a private ``redis-server`` when no Redis URL is given, creates and
+seeds the crawl, runs the supervisor (one worker per shard plus the
+reclaimer) until the crawl is provably finished (see
+:func:`crawld.frontier.crawl_finished`), stops it, merges the parts into
+the Parquet artifact and summarises.  It drives the same
+:class:`crawld.supervisor.Supervisor` as the ``crawld`` daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import pyarrow.parquet as pq
+
+from . import logs
+from .config import CrawlConfig
+from .crawls import create_crawl, seed
+from .frontier import Frontier, ShardSnapshot, crawl_finished
+from .localredis import RedisServer
+from .merge import MergeResult, merge_crawl
+from .redisconn import check, connect
+from .supervisor import Supervisor, python_child
+
+
+class RunFailed(RuntimeError):
+    """The crawl could not complete; ``str(err)`` is one line."""
+
+
+@dataclass
+class RunOptions:
+    """Process-level options of a local run (crawl settings live in the
+    :class:`CrawlConfig`).  ``concurrency`` is fetches in flight per worker."""
+
+    redis_url: str | None = None
+    concurrency: int = 32
+    proxy: str | None = None
+    drain_timeout_s: float = 30.0
+    progress: bool = False
+    poll_s: float = 0.5
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def summarize(merge: MergeResult, wall_s: float) -> dict[str, Any]:
+    """Summary figures of an artifact: rows by outcome, status class and host."""
+    t = pq.read_table(merge.path, columns=["outcome", "status", "host", "error"])
+    outcomes = Counter(t.column("outcome").to_pylist())
+    statuses = Counter(f"{s // 100}xx" for s in t.column("status").to_pylist() if s is not None)
+    hosts = Counter(t.column("host").to_pylist())
+    errors = sum(1 for e in t.column("error").to_pylist() if e)
+    return {
+        "artifact": str(merge.path),
+        "rows": merge.rows,
+        "outcomes": dict(sorted(outcomes.items())),
+        "statuses": dict(sorted(statuses.items())),
+        "errors": errors,
+        "duplicates_dropped": merge.duplicates,
+        "torn_lines_skipped": merge.bad_lines,
+        "hosts": dict(hosts.most_common()),
+        "wall_s": round(wall_s, 3),
+        "pages_per_s": round(merge.rows / wall_s, 2) if wall_s > 0 else None,
+    }
+
+
+def format_summary(crawl_id: str, s: dict[str, Any]) -> str:
+    """The summary as aligned text."""
+    kv = lambda d: " ".join(f"{k}={v}" for k, v in d.items()) or "-"  # noqa: E731
+    lines = [
+        f"crawl       {crawl_id}",
+        f"artifact    {s['artifact']}",
+        f"pages       {s['rows']} ({kv(s['outcomes'])})",
+        f"statuses    {kv(s['statuses'])}",
+        f"errors      {s['errors']}",
+        f"duplicates  {s['duplicates_dropped']} dropped at merge",
+        f"wall time   {s['wall_s']:.1f} s",
+        f"pages/s     {s['pages_per_s']}",
+    ]
+    for host, n in list(s["hosts"].items())[:20]:
+        lines.append(f"host        {host} {n}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """A one-line live progress report on a terminal (nothing otherwise)."""
+
+    def __init__(self, stream: TextIO, enabled: bool):
+        self.stream = stream
+        self.enabled = enabled
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def update(self, snaps: list[ShardSnapshot]) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < 1.0:
+            return
+        self._last = now
+        acked = sum(s.stats.get("acked", 0) for s in snaps)
+        queued = sum(s.queued for s in snaps)
+        claimed = sum(s.claimed for s in snaps)
+        dead = sum(s.dead for s in snaps)
+        el = now - self.t0
+        self.stream.write(f"\r  pages {acked}  queued {queued}  in flight {claimed}  dead {dead}  "
+                          f"{acked / el if el else 0:.1f} pages/s  {el:.0f}s ")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run ``config`` locally to its artifact; returns the summary dict.
+
+    Raises:
+        RunFailed: a worker crash-looped, or the run was interrupted.
+        crawld.redisconn.RedisUnfit, crawld.localredis.RedisServerError:
+            no usable Redis.
+        crawld.crawls.CrawlExists: the crawl id is taken.
+    """
+    log = logs.setup(crawl_id=config.crawl_id, proc="run")
+    t0 = time.monotonic()
+    server = None
+    url = opts.redis_url
+    if not url:
+        server = RedisServer().start()
+        url = server.url
+    try:
+        client = connect(url)
+        check(client, url)
+        Path(config.output).mkdir(parents=True, exist_ok=True)
+        create_crawl(client, config)
+        seeded = seed(client, config, list(config.seeds))
+        log.info("crawl_created", seeds=seeded, shards=config.num_shards)
+        frontier = Frontier(client, config)
+        env = {"REDIS_URL": url, **opts.env}
+        worker_args = ["--crawl-id", config.crawl_id, "--concurrency", str(opts.concurrency),
+                       "--drain-timeout", str(opts.drain_timeout_s)]
+        if opts.proxy:
+            worker_args += ["--proxy", opts.proxy]
+        specs = [python_child(f"worker-{s}", "crawld.worker", [*worker_args, "--shard", str(s)], env)
+                 for s in range(config.num_shards)]
+        specs.append(python_child("reclaim", "crawld.reclaim", ["--crawl-id", config.crawl_id], env))
+        sup = Supervisor(specs, drain_timeout_s=opts.drain_timeout_s, log=log.bind(proc="supervisor"))
+        progress = Progress(sys.stderr, opts.progress)
+        state: dict[str, Any] = {"prev": None, "finished": False}
+
+        def finished() -> bool:
+            if sup.gave_up:
+                return True
+            snaps = frontier.snapshots()
+            progress.update(snaps)
+            done = crawl_finished(state["prev"], snaps)
+            state["prev"] = snaps
+            state["finished"] = done
+            return done
+
+        sup.run(until=finished, every_s=opts.poll_s)
+        progress.done()
+        if sup.gave_up:
+            raise RunFailed(f"worker(s) {', '.join(sup.gave_up)} kept crashing; see the log above")
+        if not state["finished"]:
+            raise RunFailed("interrupted before the crawl finished")
+        dead = sum(s.dead for s in state["prev"])
+        merge = merge_crawl(config.output, config.crawl_id, config.created_at)
+        summary = summarize(merge, time.monotonic() - t0)
+        summary["dead_letters"] = dead
+        summary["crawl_id"] = config.crawl_id
+        return summary
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def print_summary(summary: dict[str, Any], as_json: bool, out: TextIO = sys.stdout) -> None:
+    """Print the summary as text or one JSON object."""
+    if as_json:
+        out.write(json.dumps(summary, sort_keys=True) + "\n")
+    else:
+        out.write(format_summary(summary["crawl_id"], summary) + "\n")
+        if summary.get("dead_letters"):
+            out.write(f"dead letters {summary['dead_letters']} (see 'crawlctl queue-depth --per-shard')\n")

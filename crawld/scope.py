@@ -1,0 +1,90 @@
+"""Scope and routing: is a URL in the crawl, and which shard owns it.
+
+A URL is in scope when its politeness key (registered domain, see
+:mod:`crawld.sharding`) is one of the seeds' or in ``allow_domains``.
+:class:`Router` memoises canonicalisation and per-host routing, the hot path
+of link extraction: a documentation page repeats the same navigation links
+on every page, so most lookups are cache hits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import CrawlConfig
+from .sharding import politeness_key, shard_of
+from .urls import BadURL, canonicalize, compile_strip, url_host
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a canonical URL goes: its ``host``, politeness key ``pkey``,
+    owning ``shard`` and whether it is ``in_scope``."""
+
+    host: str
+    pkey: str
+    shard: int
+    in_scope: bool
+
+
+def scope_keys(config: CrawlConfig) -> frozenset[str]:
+    """Politeness keys in scope: the seeds' and ``allow_domains``.
+
+    Raises:
+        BadURL: a seed is not a crawlable URL.
+    """
+    ks = set()
+    for seed in config.seeds:
+        ks.add(politeness_key(url_host(canonicalize(seed))))
+    for d in config.allow_domains:
+        ks.add(politeness_key(d))
+    return frozenset(ks)
+
+
+class Router:
+    """Canonicalise and route URLs for one crawl, with bounded memo caches.
+
+    ``max_cache`` bounds each cache (entries); a full cache is cleared.
+    """
+
+    def __init__(self, config: CrawlConfig, max_cache: int = 200_000):
+        self.config = config
+        self.scope = scope_keys(config)
+        self._strip = compile_strip(config.strip_params)
+        self._canon: dict[str, str | None] = {}
+        self._routes: dict[str, Route] = {}
+        self._max = max_cache
+
+    def canonical(self, url: str) -> str | None:
+        """Canonical form of an absolute URL, or None when it is not
+        crawlable (bad URL, non-http scheme)."""
+        c = self._canon.get(url, False)
+        if c is not False:
+            return c
+        try:
+            c = canonicalize(url, self._strip)
+        except BadURL:
+            c = None
+        if len(self._canon) >= self._max:
+            self._canon.clear()
+        self._canon[url] = c
+        return c
+
+    def route(self, canonical_url: str) -> Route:
+        """Route of a canonical URL (from :meth:`canonical`).
+
+        Raises:
+            ValueError: the URL has no host.
+        """
+        # canonical URLs are scheme://netloc/...: the netloc is the third
+        # slash-separated field
+        netloc = canonical_url.split("/", 3)[2]
+        r = self._routes.get(netloc)
+        if r is None:
+            host = url_host(canonical_url)
+            pkey = politeness_key(host)
+            r = Route(host, pkey, shard_of(pkey, self.config.num_shards), pkey in self.scope)
+            if len(self._routes) >= self._max:
+                self._routes.clear()
+            self._routes[netloc] = r
+        return r

@@ -1,0 +1,80 @@
+"""Politeness keys and shard assignment.
+
+A URL's politeness key is its host's registered domain (the label just below
+the public suffix), from tldextract's bundled Public Suffix List snapshot;
+crawld never lets tldextract reach the network.  Hosts with no public suffix
+(IP addresses, ``localhost``, intranet names such as ``wiki.corp``) are their
+own politeness key.
+
+The shard of a politeness key is Jump Consistent Hash (Lamping and Veach,
+"A Fast, Minimal Memory, Consistent Hash Algorithm", 2014, arXiv:1406.2294)
+of a 64-bit blake2b digest of the key: growing ``num_shards`` from n to n+1
+moves only about 1/(n+1) of the keys, all of them to the new shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import ipaddress
+
+import tldextract
+
+_MASK64 = (1 << 64) - 1
+
+# suffix_list_urls=() and cache_dir=None: use the snapshot bundled with the
+# package, never download a newer list, never write a cache file.
+_EXTRACT = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, fallback_to_snapshot=True)
+
+
+def jump_hash(key: int, num_buckets: int) -> int:
+    """Jump Consistent Hash: map a 64-bit ``key`` to ``[0, num_buckets)``.
+
+    Raises:
+        ValueError: if ``num_buckets`` < 1.
+    """
+    if num_buckets < 1:
+        raise ValueError("num_buckets must be >= 1")
+    b, j = -1, 0
+    key &= _MASK64
+    while j < num_buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) & _MASK64
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
+
+
+def key_hash(politeness_key: str) -> int:
+    """64-bit blake2b digest of a politeness key, as an int."""
+    return int.from_bytes(hashlib.blake2b(politeness_key.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def shard_of(politeness_key: str, num_shards: int) -> int:
+    """The shard (0-based) that owns ``politeness_key`` among ``num_shards``."""
+    return jump_hash(key_hash(politeness_key), num_shards)
+
+
+@functools.lru_cache(maxsize=65536)
+def politeness_key(host: str) -> str:
+    """The politeness key of a host name: its registered domain.
+
+    ``host`` is a lower-case host as found in a canonical URL (IPv6 literals
+    may keep their brackets).  Examples: ``docs.python.org`` ->
+    ``python.org``; ``a.b.co.uk`` -> ``b.co.uk``; ``127.0.0.1`` ->
+    ``127.0.0.1``; ``[::1]`` -> ``::1``; ``localhost`` -> ``localhost``;
+    ``wiki.corp`` -> ``wiki.corp`` (no public suffix: the host itself).
+
+    Raises:
+        ValueError: for an empty host.
+    """
+    h = host.strip().rstrip(".").lower()
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    if not h:
+        raise ValueError("empty host")
+    try:
+        return str(ipaddress.ip_address(h))
+    except ValueError:
+        pass
+    registered = _EXTRACT.extract_str(h).top_domain_under_public_suffix
+    return registered or h
