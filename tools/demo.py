@@ -17,30 +17,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from crawld.sitesrv import SiteServer  # noqa: E402
-
-#: host name -> (Debian package, directory, seed path)
-SITES = {
-    "docs.pyref-demo.org": ("python3-doc", "/usr/share/doc/python3-doc/html", "/index.html"),
-    "www.pgmanual-demo.co.uk": ("postgresql-doc-15", "/usr/share/doc/postgresql-doc-15/html", "/index.html"),
-    "sqlite.dbdocs-demo.net": ("sqlite3-doc", "/usr/share/doc/sqlite3", "/index.html"),
-    "git.scm-demo.io": ("git-doc", "/usr/share/doc/git-doc", "/index.html"),
-}
+from docsites import SITES, missing_packages, seeds, site_dirs  # noqa: E402
 
 
 def main() -> int:
-    missing = [pkg for pkg, d, _ in SITES.values() if not Path(d).is_dir()]
+    missing = missing_packages()
     if missing:
         print(f"demo: missing Debian packages: {' '.join(missing)} (run 'make demo', which installs them)",
               file=sys.stderr)
         return 1
     out = ROOT / "demo-output"
-    srv = SiteServer(("127.0.0.1", 0), {h: d for h, (_, d, _) in SITES.items()})
+    srv = SiteServer(("127.0.0.1", 0), site_dirs())
     srv.serve_in_thread()
     proxy = srv.url
-    seeds = [f"http://{h}{seed}" for h, (_, _, seed) in SITES.items()]
-    cmd = [str(Path(sys.executable).with_name("crawlctl")), "run", *seeds,
+    cmd = [str(Path(sys.executable).with_name("crawlctl")), "run", *seeds(),
            "--shards", "4", "--workers", "16", "--max-rps-per-host", "50", "--max-depth", "30",
            "--proxy", proxy, "--out", str(out)]
     env = dict(os.environ)

@@ -1,0 +1,102 @@
+"""Independent ground truth for end-to-end tests.
+
+Computes the pages reachable from a seed directly from the files on disk,
+with the standard library's ``html.parser`` and ``urllib`` (deliberately not
+crawld's selectolax/w3lib code path), and measures request rates from the
+site server's own timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.hrefs: list[str] = []
+        self.base: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("a", "area"):
+            for k, v in attrs:
+                if k == "href" and v:
+                    self.hrefs.append(v)
+        elif tag == "base" and self.base is None:
+            self.base = dict(attrs).get("href")
+
+
+def reachable_files(root: Path, host: str, seed: str = "index.html") -> set[str]:
+    """Relative paths of the files under ``root`` reachable from ``seed`` by
+    following ``<a>``/``<area>`` links that stay on ``host``."""
+    todo = [seed]
+    seen = {seed}
+    while todo:
+        rel = todo.pop()
+        path = root / rel
+        if path.suffix.lower() not in (".html", ".htm"):
+            continue
+        parser = _Links()
+        parser.feed(path.read_bytes().decode("utf-8", errors="replace"))
+        page_url = f"http://{host}/{rel}"
+        base = urljoin(page_url, parser.base) if parser.base else page_url
+        for href in parser.hrefs:
+            href = href.strip()
+            if not href or href.startswith(("#", "mailto:", "javascript:", "data:", "tel:")):
+                continue
+            target = urlsplit(urljoin(base, href))
+            if target.scheme not in ("http", "https") or target.hostname != host:
+                continue
+            tpath = unquote(target.path)
+            if tpath.endswith("/"):
+                tpath += "index.html"
+            trel = tpath.lstrip("/")
+            if trel and trel not in seen and (root / trel).is_file():
+                seen.add(trel)
+                todo.append(trel)
+    return seen
+
+
+def url_to_rel(url: str) -> str:
+    """The relative file path a crawled URL names (``/`` -> index.html)."""
+    p = unquote(urlsplit(url).path)
+    if p.endswith("/"):
+        p += "index.html"
+    return p.lstrip("/")
+
+
+def max_in_window(times: list[float], window_s: float) -> int:
+    """Most timestamps inside any closed window of ``window_s`` seconds."""
+    ts = sorted(times)
+    best = j = 0
+    for i in range(len(ts)):
+        while ts[i] - ts[j] > window_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def rate_violations(hits_by_key: dict[str, list[float]], rps: float) -> dict[str, tuple[int, int]]:
+    """Politeness keys whose server-side timestamps break the bounds: more
+    than ceil(R)+1 requests in a 1 s window or 10R+ceil(R)+1 in a 10 s
+    window.  Returns key -> (max in 1 s, max in 10 s) for the offenders."""
+    lim1 = math.ceil(rps) + 1
+    lim10 = 10 * rps + math.ceil(rps) + 1
+    bad = {}
+    for key, ts in hits_by_key.items():
+        m1, m10 = max_in_window(ts, 1.0), max_in_window(ts, 10.0)
+        if m1 > lim1 or m10 > lim10:
+            bad[key] = (m1, m10)
+    return bad
+
+
+def group_hits(hits, key_of) -> dict[str, list[float]]:
+    """Server hit times grouped by ``key_of(host)``."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for h in hits:
+        out[key_of(h.host)].append(h.t)
+    return out
