@@ -17,11 +17,11 @@ from pathlib import Path
 
 from . import __version__, exitcodes
 from .config import ConfigError, CrawlConfig, settings_table
-from .crawls import CrawlExists, check_seeds, create_crawl, load_crawl, seed
+from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
 from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
-from .redisconn import RedisUnfit, check, connect, redact, redis_url
+from .redisconn import RedisUnfit, check, connect, redis_url
 from .urls import BadURL
 
 
@@ -82,6 +82,9 @@ def cmd_run(args) -> int:
     from .runner import RunFailed, RunOptions, print_summary, run_crawl
 
     seeds = check_seeds(args.seeds)
+    # workers, reclaimer and supervisor log warnings and errors only, unless
+    # asked: the live progress line and the summary are the run's output
+    os.environ.setdefault("CRAWLD_LOG_LEVEL", "info" if args.verbose else "warning")
     out = Path(args.out).resolve()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -144,8 +147,11 @@ def cmd_merge(args) -> int:
         created = args.created_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         output = args.out
     else:
-        config = load_crawl(_client(args), args.crawl_id)
+        client = _client(args)
+        config = load_crawl(client, args.crawl_id)
         created, output = config.created_at, args.out or config.output
+        if output == config.output:
+            export_dead_letters(client, config)
     if not output:
         raise CliError("--out is required without Redis", exitcodes.USAGE)
     res = merge_crawl(output, args.crawl_id, created)
@@ -188,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds workers get to finish in-flight fetches at the end (default 30)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no live progress line")
+    r.add_argument("-v", "--verbose", action="store_true",
+                   help="log process starts and stops too (default: warnings and errors; $CRAWLD_LOG_LEVEL)")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")

@@ -13,6 +13,8 @@ import redis
 from . import keys
 from .config import ConfigError, CrawlConfig
 from .frontier import Entry, Frontier
+from .output import write_dead_letter_part
+from .rows import dead_letter_row
 from .scope import Router
 from .urls import BadURL, canonicalize, fingerprint
 
@@ -79,3 +81,16 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
         fp = fingerprint(canon)
         by_shard.setdefault(r.shard, []).append((fp, r.pkey, Entry(u, canon, 0).to_payload()))
     return sum(frontier.push(s, items) for s, items in by_shard.items())
+
+
+def export_dead_letters(client: redis.Redis, config: CrawlConfig) -> int:
+    """Write every shard's dead-lettered entries as rows (outcome
+    ``dead_letter``) into the crawl's parts, so the artifact accounts for
+    them.  Idempotent.  Returns the number of dead letters."""
+    frontier = Frontier(client, config)
+    total = 0
+    for shard in range(config.num_shards):
+        rows = [dead_letter_row(config.crawl_id, shard, d) for d in frontier.dead_letters(shard)]
+        write_dead_letter_part(config.output, config.crawl_id, shard, rows)
+        total += len(rows)
+    return total

@@ -114,3 +114,28 @@ class PartWriter:
         finally:
             os.close(dfd)
         return final
+
+
+#: name of the part holding a shard's dead-lettered entries; rewritten whole
+#: at each export, and sorted after the shard's other parts so that a row
+#: from a real fetch wins over a dead letter of the same URL at merge.
+DEAD_LETTER_PART = "part-zz-dead-letters" + CLOSED_SUFFIX
+
+
+def write_dead_letter_part(output: str | os.PathLike, crawl_id: str, shard: int,
+                           rows: list[dict[str, Any]]) -> Path | None:
+    """Atomically (re)write the dead-letter part of a shard; None if no rows."""
+    d = shard_dir(output, crawl_id, shard)
+    path = d / DEAD_LETTER_PART
+    if not rows:
+        path.unlink(missing_ok=True)
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{DEAD_LETTER_PART}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -9,12 +9,17 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
 * ``fetched``   a response arrived (any status that is not a redirect);
 * ``redirect``  a 3xx with a Location; ``final_url`` is where it points,
                 and that URL has its own row (when in scope);
-* ``error``     no usable response; ``error`` says why.
+* ``error``     no usable response; ``error`` says why;
+* ``dead_letter`` the URL was given up after ``max_attempts`` claims (its
+                worker kept dying, or it kept failing); ``error`` is the
+                reason and ``fetched_at`` when it was given up.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -84,3 +89,18 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
         "shard": shard,
         "attempt": attempt,
     }
+
+
+def dead_letter_row(crawl_id: str, shard: int, dead: dict[str, Any]) -> dict[str, Any]:
+    """The row of a dead-lettered entry (as :meth:`Frontier.dead_letters`
+    returns it).  An unreadable payload still yields a row naming it."""
+    try:
+        p = json.loads(dead.get("payload") or "{}")
+    except ValueError:
+        p = {}
+    url = p.get("u") or f"urn:crawld:unreadable-entry:{dead.get('pkey', '')}"
+    canonical = p.get("c") or url
+    return make_row(crawl_id=crawl_id, url=url, canonical_url=canonical, outcome="dead_letter", shard=shard,
+                    attempt=int(dead.get("attempts") or 0), depth=int(p.get("d") or 0), referrer=p.get("r"),
+                    host=urlsplit(canonical).hostname or "", fetched_at=float(dead.get("at_us") or 0) / 1e6,
+                    response_ms=0.0, redirect_chain=p.get("rc") or (), error=str(dead.get("reason") or ""))

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from . import logs
 from .config import CrawlConfig
-from .crawls import create_crawl, seed
+from .crawls import create_crawl, export_dead_letters, seed
 from .frontier import Frontier, ShardSnapshot, crawl_finished
 from .localredis import RedisServer
 from .merge import MergeResult, merge_crawl
@@ -168,7 +168,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
             raise RunFailed(f"worker(s) {', '.join(sup.gave_up)} kept crashing; see the log above")
         if not state["finished"]:
             raise RunFailed("interrupted before the crawl finished")
-        dead = sum(s.dead for s in state["prev"])
+        dead = export_dead_letters(client, config)
         merge = merge_crawl(config.output, config.crawl_id, config.created_at)
         summary = summarize(merge, time.monotonic() - t0)
         summary["dead_letters"] = dead
@@ -186,4 +186,4 @@ def print_summary(summary: dict[str, Any], as_json: bool, out: TextIO = sys.stdo
     else:
         out.write(format_summary(summary["crawl_id"], summary) + "\n")
         if summary.get("dead_letters"):
-            out.write(f"dead letters {summary['dead_letters']} (see 'crawlctl queue-depth --per-shard')\n")
+            out.write(f"dead letters {summary['dead_letters']} (rows with outcome=dead_letter, reason in 'error')\n")

@@ -39,8 +39,9 @@ import gevent.event
 import gevent.pool
 import redis
 
-from . import exitcodes, keys, logs
+from . import exitcodes, logs
 from .config import ConfigError, CrawlConfig
+from .crawls import load_crawl
 from .extract import HTML_TYPES, parse_content_type, parse_html
 from .fetcher import FetchResult, fetch, make_session
 from .frontier import Claim, Entry, Frontier
@@ -320,18 +321,6 @@ class Worker:
                     self.log.error("heartbeat_failed", error=str(exc))
 
 
-def load_config(client: redis.Redis, crawl_id: str) -> CrawlConfig:
-    """The crawl's config from Redis.
-
-    Raises:
-        ConfigError: no such crawl, or its stored config is invalid.
-    """
-    raw = client.get(keys.crawl_config(keys.check_crawl_id(crawl_id)))
-    if raw is None:
-        raise ConfigError(f"crawl_id: no crawl {crawl_id!r} in Redis (seed it with 'crawlctl seed')")
-    return CrawlConfig.from_json(raw)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process; returns its exit code."""
     p = argparse.ArgumentParser(prog="crawld-worker", description="Serve one shard of a crawl (started by crawld).")
@@ -351,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = connect(url, max_connections=8)
         check(client, url)
-        config = load_config(client, args.crawl_id)
+        config = load_crawl(client, args.crawl_id)
         worker = Worker(client, config, args.shard, concurrency=args.concurrency, proxy=args.proxy,
                         drain_timeout_s=args.drain_timeout, log=log)
     except RedisUnfit as exc:
