@@ -91,6 +91,19 @@ def _crawl_id(v: Any) -> str:
     return check_crawl_id(v)
 
 
+def _utc_time(v: Any) -> str:
+    """An ISO-8601 time, normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ``."""
+    if not isinstance(v, str):
+        raise ValueError("must be an ISO-8601 time string")
+    try:
+        t = datetime.fromisoformat(v.strip())
+    except ValueError:
+        raise ValueError(f"must be an ISO-8601 time like 2026-11-29T19:30:00Z, got {v!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 #: every crawl setting, in documentation order.
 SETTINGS: tuple[Setting, ...] = (
     Setting("crawl_id", "", "name of the crawl; namespaces its Redis keys and artifact", _crawl_id),
@@ -112,7 +125,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_attempts", "attempts", "claims of one URL before it is dead-lettered", _number(1, 100, True)),
     Setting("retry_delay_s", "s", "wait before a URL whose fetch failed at the connection is retried", _number(0, 3600)),
     Setting("output", "path", "where parts and the artifact are written (a directory)", _string(4096)),
-    Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _string(64)),
+    Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _utc_time),
 )
 
 _SETTING_BY_NAME = {s.name: s for s in SETTINGS}
@@ -222,12 +235,15 @@ class CrawlConfig:
 def settings_table() -> str:
     """The documented settings as aligned text (for ``crawlctl settings``)."""
     defaults = CrawlConfig(crawl_id="x").to_dict()
-    lines = []
+    rows = [("setting", "default", "unit", "meaning")]
     for s in SETTINGS:
         default = defaults.get(s.name)
-        if s.name in ("crawl_id", "created_at", "seeds"):
-            default = "(required)" if s.name != "created_at" else "(now)"
+        if s.name in ("crawl_id", "seeds"):
+            default = "(required)"
+        elif s.name == "created_at":
+            default = "(now)"
         elif isinstance(default, list):
             default = ",".join(default) or "(none)"
-        lines.append(f"{s.name:<22} {str(default):<28} {s.unit:<12} {s.doc}")
-    return "\n".join(lines)
+        rows.append((s.name, str(default), s.unit, s.doc))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in rows)

@@ -12,6 +12,7 @@ import codecs
 from dataclasses import dataclass, field
 
 from selectolax.lexbor import LexborHTMLParser
+from w3lib.encoding import read_bom, resolve_encoding
 
 #: MIME types parsed as HTML.
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -52,11 +53,17 @@ def parse_content_type(value: str | None) -> tuple[str | None, str | None]:
 
 
 def _parser(body: bytes, charset: str | None) -> LexborHTMLParser:
+    # precedence as in the HTML standard: BOM, then the transport-layer
+    # charset (mapped by the WHATWG Encoding Standard: latin1 and ascii mean
+    # windows-1252), then sniffing (<meta charset>)
+    bom_encoding, bom = read_bom(body)
+    if bom_encoding:
+        name = codecs.lookup(bom_encoding).name
+        if name == "utf-8":
+            return LexborHTMLParser(body[len(bom):])
+        return LexborHTMLParser(body[len(bom):].decode(name, errors="replace"))
     if charset:
-        try:
-            name = codecs.lookup(charset).name
-        except LookupError:
-            name = None
+        name = resolve_encoding(charset)
         if name == "utf-8":
             return LexborHTMLParser(body)
         if name:
@@ -107,6 +114,6 @@ def parse_html(body: bytes, charset: str | None = None) -> Page:
         seen.add(href)
         hrefs.append(href)
         rel = attrs.get("rel")
-        if rel and "nofollow" in rel.lower():
+        if rel and "nofollow" in rel.lower().split():
             page.nofollow.add(href)
     return page

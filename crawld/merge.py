@@ -60,7 +60,7 @@ def _read_part(path: Path) -> tuple[pa.Table, int]:
         return NDJSON_SCHEMA.empty_table(), bad
     opts = pajson.ParseOptions(explicit_schema=NDJSON_SCHEMA, unexpected_field_behavior="ignore")
     try:
-        return pajson.read_json(io.BytesIO(data), parse_options=opts), bad
+        return _drop_incomplete(pajson.read_json(io.BytesIO(data), parse_options=opts), bad)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         pass
     # slow path: keep every line that parses, count the others
@@ -75,7 +75,7 @@ def _read_part(path: Path) -> tuple[pa.Table, int]:
             pass
         bad += 1
     try:
-        return pa.Table.from_pylist(rows, schema=NDJSON_SCHEMA), bad
+        return _drop_incomplete(pa.Table.from_pylist(rows, schema=NDJSON_SCHEMA), bad)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         good = []
         for r in rows:
@@ -84,7 +84,23 @@ def _read_part(path: Path) -> tuple[pa.Table, int]:
                 good.append(r)
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 bad += 1
-        return pa.Table.from_pylist(good, schema=NDJSON_SCHEMA), bad
+        return _drop_incomplete(pa.Table.from_pylist(good, schema=NDJSON_SCHEMA), bad)
+
+
+#: columns a row cannot do without (non-nullable in the artifact schema).
+_REQUIRED = [f.name for f in SCHEMA if not f.nullable]
+
+
+def _drop_incomplete(table: pa.Table, bad: int) -> tuple[pa.Table, int]:
+    """Drop (and count) rows missing a required column."""
+    mask = None
+    for name in _REQUIRED:
+        valid = pc.is_valid(table.column(name))
+        mask = valid if mask is None else pc.and_(mask, valid)
+    if mask is None or pc.all(mask).as_py():
+        return table, bad
+    kept = table.filter(mask)
+    return kept, bad + table.num_rows - kept.num_rows
 
 
 def merge_parts(parts: list[Path], dest: Path) -> MergeResult:

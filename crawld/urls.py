@@ -14,10 +14,12 @@ of any collision is about 3e-4 (birthday bound n^2 / 2^65).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from typing import Iterable
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import idna
 from w3lib.url import canonicalize_url
 
 ALLOWED_SCHEMES = ("http", "https")
@@ -26,6 +28,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # strips leading/trailing C0 controls and space.
 _TAB_NL = re.compile(r"[\t\n\r]")
 _C0_SPACE = "".join(chr(c) for c in range(0x21))
+# a scheme, as RFC 3986 section 3.1 spells it
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+# a registered name after IDNA encoding (RFC 3986 unreserved characters)
+_HOST = re.compile(r"^[a-z0-9_~.-]+$")
 
 
 class BadURL(ValueError):
@@ -60,10 +66,32 @@ def _strip_query(query: str, strip: tuple[frozenset[str], tuple[str, ...]]) -> s
 
 
 def clean_href(href: str) -> str:
-    """An href as a browser reads it: tabs/newlines removed, ends trimmed."""
+    """An href as a browser reads it (WHATWG URL parsing): tabs and newlines
+    removed, C0 controls and spaces trimmed, backslashes read as slashes."""
     if "\t" in href or "\n" in href or "\r" in href:
         href = _TAB_NL.sub("", href)
+    if "\\" in href:
+        href = href.replace("\\", "/")
     return href.strip(_C0_SPACE)
+
+
+def _idna_host(url: str) -> str:
+    """``url`` with a non-ASCII host encoded by IDNA 2008 / UTS #46
+    (non-transitional, as browsers do: ``faß.de`` -> ``xn--fa-hia.de``, not
+    IDNA 2003's ``fass.de``)."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host or host.isascii():
+        return url
+    try:
+        ace = idna.encode(host, uts46=True, transitional=False).decode("ascii")
+    except idna.IDNAError as exc:
+        raise BadURL(f"invalid host {host!r}: {exc}") from None
+    netloc = parts.netloc
+    userinfo, _, hostport = netloc.rpartition("@")
+    port = hostport[len(hostport.rstrip("0123456789")):] if ":" in hostport else ""
+    new = (userinfo + "@" if userinfo else "") + ace + (":" + port if port else "")
+    return urlunsplit(parts._replace(netloc=new))
 
 
 def canonicalize(url: str, strip: tuple[frozenset[str], tuple[str, ...]] = (frozenset(), ())) -> str:
@@ -83,6 +111,8 @@ def canonicalize(url: str, strip: tuple[frozenset[str], tuple[str, ...]] = (froz
     if scheme not in ALLOWED_SCHEMES:
         raise BadURL(f"unsupported scheme {scheme!r}" if scheme else "not an absolute URL")
     try:
+        if not url.isascii():
+            url = _idna_host(url)
         canon = canonicalize_url(url, keep_fragments=False)
         parts = urlsplit(canon)
         port = parts.port
@@ -91,6 +121,11 @@ def canonicalize(url: str, strip: tuple[frozenset[str], tuple[str, ...]] = (froz
     host = parts.hostname
     if not host:
         raise BadURL("URL has no host")
+    if not _HOST.match(host):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise BadURL(f"invalid host {host!r}") from None
     netloc = parts.netloc
     if port is not None and (port == _DEFAULT_PORTS[scheme] or "@" in netloc):
         # rebuild netloc without the default port; credentials are dropped
@@ -123,11 +158,9 @@ def resolve(base: str, href: str) -> str | None:
     href = clean_href(href)
     if not href or href[0] == "#":
         return None
-    colon = href.find(":")
-    if colon > 0:
-        scheme = href[:colon].lower()
-        if scheme.isalnum() and "/" not in href[:colon] and scheme not in ALLOWED_SCHEMES:
-            return None
+    m = _SCHEME.match(href)
+    if m and m.group(1).lower() not in ALLOWED_SCHEMES:
+        return None
     hash_at = href.find("#")
     if hash_at >= 0:
         href = href[:hash_at]
