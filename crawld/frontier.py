@@ -260,4 +260,9 @@ class Frontier:
         """Dead-lettered entries of ``shard`` as dicts (pkey, attempts,
         payload, reason, at_us)."""
         k = keys.shard_keys(self.config.crawl_id, shard)
-        return [json.loads(x) for x in self.client.lrange(k.dead, start, end)]
+        out = []
+        for raw in self.client.lrange(k.dead, start, end):
+            d = json.loads(raw)
+            d["at_us"] = int(d.get("at_us") or 0)
+            out.append(d)
+        return out

@@ -99,8 +99,10 @@ local function enqueue(pkey, attempts, payload)
   redis.call('ZADD', KEYS[1], 0, pkey .. SEP .. string.format('%015d', seq) .. SEP .. attempts .. SEP .. payload)
 end
 
+-- at_us is written as a string: Redis' cjson keeps only 14 significant
+-- digits of a number, and a microsecond timestamp has 16
 local function dead_letter(pkey, attempts, payload, reason, now)
   redis.call('RPUSH', KEYS[8], cjson.encode({v = 1, pkey = pkey, attempts = attempts,
-    payload = payload, reason = reason, at_us = now}))
+    payload = payload, reason = reason, at_us = string.format('%d', now)}))
   redis.call('HINCRBY', KEYS[9], 'dead', 1)
 end
