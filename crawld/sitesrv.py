@@ -143,6 +143,15 @@ class SiteServer(ThreadingHTTPServer):
         t.start()
         return t
 
+    def __enter__(self) -> "SiteServer":
+        """Serve in a background thread until the ``with`` block ends."""
+        self.serve_in_thread()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+
 
 class SiteHandler(BaseHTTPRequestHandler):
     """Serves GET and HEAD for the server's sites; everything else is 405."""

@@ -61,11 +61,8 @@ def pydocs() -> Path:
 
 @pytest.fixture
 def site_server(pydocs):
-    srv = SiteServer(("127.0.0.1", 0), {PYDOCS_HOST: pydocs})
-    srv.serve_in_thread()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with SiteServer(("127.0.0.1", 0), {PYDOCS_HOST: pydocs}) as srv:
+        yield srv
 
 
 def crawlctl(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -28,18 +28,13 @@ def pydocs_crawl(tmp_path_factory, pydocs, redis_server):
     from crawld.sitesrv import SiteServer
 
     redis_mod.Redis.from_url(redis_server.url).flushall()
-    srv = SiteServer(("127.0.0.1", 0), {PYDOCS_HOST: pydocs})
-    srv.serve_in_thread()
     out = tmp_path_factory.mktemp("e2e")
-    try:
+    with SiteServer(("127.0.0.1", 0), {PYDOCS_HOST: pydocs}) as srv:
         proc = crawlctl("run", f"http://{PYDOCS_HOST}/index.html", "--crawl-id", "e2e-pydocs",
                         "--shards", "3", "--workers", "16", "--max-rps-per-host", "400", "--max-inflight-per-host", "8",
                         "--proxy", srv.url, "--redis-url", redis_server.url, "--out", str(out), "--json")
-        summary = summary_of(proc)
         counts = srv.counts()
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    summary = summary_of(proc)
     table = pq.read_table(summary["artifact"])
     return {"summary": summary, "counts": counts, "rows": table.to_pylist(), "table": table,
             "redis_url": redis_server.url, "stderr": proc.stderr}

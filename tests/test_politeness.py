@@ -22,18 +22,13 @@ HOSTS = [f"{sub}.{d}" for d in DOMAINS for sub in ("www", "blog")]
 
 def test_no_registered_domain_exceeds_its_rate(tmp_path, redis_server, rds, run_crawlctl):
     synthetic = {h: SyntheticSite(pages=14, peers=[p for p in HOSTS if p != h], extra_links=2) for h in HOSTS}
-    srv = SiteServer(("127.0.0.1", 0), synthetic=synthetic)
-    srv.serve_in_thread()
-    try:
+    with SiteServer(("127.0.0.1", 0), synthetic=synthetic) as srv:
         proc = run_crawlctl("run", *(f"http://{h}/" for h in HOSTS[:2]), *(f"--allow-domain={d}" for d in DOMAINS),
                             "--crawl-id", "polite", "--shards", "3", "--workers", "8",
                             "--max-rps-per-host", str(RPS), "--max-inflight-per-host", "4",
                             "--proxy", srv.url, "--redis-url", redis_server.url, "--out", str(tmp_path), "--json")
-        summary = summary_of(proc)
         hits = srv.hits()
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    summary = summary_of(proc)
     expected = len(HOSTS) * (14 + 1)
     assert summary["rows"] == expected and len(hits) == expected
     by_domain = group_hits(hits, politeness_key)

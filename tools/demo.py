@@ -31,8 +31,16 @@ def main() -> int:
         return 1
     out = ROOT / "demo-output"
     srv = SiteServer(("127.0.0.1", 0), site_dirs())
-    srv.serve_in_thread()
-    proxy = srv.url
+    with srv:
+        rc = crawl(srv.url, out)
+        counts = srv.counts()
+    twice = sum(1 for n in counts.values() if n > 1)
+    print(f"server      {sum(counts.values())} requests, {len(counts)} distinct URLs, {twice} fetched twice")
+    return rc
+
+
+def crawl(proxy: str, out: Path) -> int:
+    """Run ``crawlctl run`` over the sites; returns its exit code."""
     cmd = [str(Path(sys.executable).with_name("crawlctl")), "run", *seeds(),
            "--shards", "4", "--workers", "16", "--max-rps-per-host", "50", "--max-depth", "30",
            "--proxy", proxy, "--out", str(out)]
@@ -40,13 +48,7 @@ def main() -> int:
     env.pop("REDIS_URL", None)  # the demo uses a private redis-server
     print("demo: serving", ", ".join(f"{h} ({p})" for h, (p, _, _) in SITES.items()), f"via proxy {proxy}")
     print("demo: $", " ".join(cmd[1:]), flush=True)
-    rc = subprocess.call(cmd, env=env)
-    counts = srv.counts()
-    srv.shutdown()
-    srv.server_close()
-    twice = sum(1 for n in counts.values() if n > 1)
-    print(f"server      {sum(counts.values())} requests, {len(counts)} distinct URLs, {twice} fetched twice")
-    return rc
+    return subprocess.call(cmd, env=env)
 
 
 if __name__ == "__main__":
