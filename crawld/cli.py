@@ -79,7 +79,7 @@ def _new_crawl_id() -> str:
 
 
 def cmd_run(args) -> int:
-    from .runner import RunFailed, RunOptions, print_summary, run_crawl
+    from .runner import RunFailed, RunInterrupted, RunOptions, print_summary, run_crawl
 
     seeds = check_seeds(args.seeds)
     # workers, reclaimer and supervisor log warnings and errors only, unless
@@ -102,6 +102,8 @@ def cmd_run(args) -> int:
                       progress=sys.stderr.isatty() and not args.quiet)
     try:
         summary = run_crawl(config, opts)
+    except RunInterrupted as exc:
+        raise CliError(str(exc), exitcodes.INTERRUPTED)
     except RunFailed as exc:
         raise CliError(str(exc), exitcodes.FAILED)
     print_summary(summary, args.json)

@@ -7,13 +7,29 @@ kill/restart test gets its own).  Nothing is persisted (``save ""``,
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # resolved here, in the parent: the child must not dlopen between fork and exec
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: ask Linux to SIGTERM this child when its parent dies
+    (prctl(2) ``PR_SET_PDEATHSIG``)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class RedisServerError(RuntimeError):
@@ -33,17 +49,22 @@ class RedisServer:
     ``start()`` returns once it answers PING (or raises
     :class:`RedisServerError` after ``timeout_s``); ``stop()`` shuts it
     down.  Usable as a context manager.  ``extra_args`` are appended to the
-    command line (e.g. ``["--cluster-enabled", "yes"]``).
+    command line (e.g. ``["--cluster-enabled", "yes"]``).  With
+    ``die_with_parent`` the server is stopped by the kernel if the process
+    that started it dies (Linux ``PR_SET_PDEATHSIG``).
     """
 
     def __init__(self, port: int | None = None, extra_args: list[str] | None = None,
-                 binary: str | None = None, dir: str | os.PathLike | None = None):
+                 binary: str | None = None, dir: str | os.PathLike | None = None,
+                 die_with_parent: bool = False):
         self.binary = binary or shutil.which("redis-server") or "/usr/bin/redis-server"
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self._own_dir = dir is None
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="crawld-redis-"))
         self.proc: subprocess.Popen | None = None
+        # a private server must not outlive a crawlctl killed with SIGKILL
+        self.die_with_parent = die_with_parent
 
     @property
     def url(self) -> str:
@@ -56,7 +77,8 @@ class RedisServer:
                "--appendonly", "no", "--dir", str(self.dir), "--maxmemory-policy", "noeviction",
                "--logfile", str(self.dir / "redis.log"), "--daemonize", "no", *self.extra_args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent if self.die_with_parent else None)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -10,6 +10,7 @@ the script is atomic, so each expired claim is returned exactly once.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -65,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     frontiers: dict[str, Frontier] = {}
+    ppid = os.getppid()
     while True:
+        if os.getppid() != ppid:
+            log.warning("parent_died", old_ppid=ppid)
+            return exitcodes.OK
         interval = args.interval or 5.0
         try:
             for cid in served_crawls(client, args.crawl_id):

@@ -34,6 +34,10 @@ class RunFailed(RuntimeError):
     """The crawl could not complete; ``str(err)`` is one line."""
 
 
+class RunInterrupted(RunFailed):
+    """Stopped by SIGINT/SIGTERM before the crawl finished."""
+
+
 @dataclass
 class RunOptions:
     """Process-level options of a local run (crawl settings live in the
@@ -130,7 +134,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
     server = None
     url = opts.redis_url
     if not url:
-        server = RedisServer().start()
+        server = RedisServer(die_with_parent=True).start()
         url = server.url
     try:
         client = connect(url)
@@ -167,7 +171,9 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
         if sup.gave_up:
             raise RunFailed(f"worker(s) {', '.join(sup.gave_up)} kept crashing; see the log above")
         if not state["finished"]:
-            raise RunFailed("interrupted before the crawl finished")
+            where = ("the private Redis is discarded" if server is not None
+                     else f"its state stays in Redis as crawl {config.crawl_id!r}")
+            raise RunInterrupted(f"interrupted before the crawl finished; {where}")
         dead = export_dead_letters(client, config)
         merge = merge_crawl(config.output, config.crawl_id, config.created_at)
         summary = summarize(merge, time.monotonic() - t0)

@@ -14,6 +14,9 @@ in a fresh interpreter.
 * Two-stage stop: SIGTERM to every child, wait for them to drain until
   ``drain_timeout_s``, then SIGKILL and reap the stragglers (their claims
   come back through reclaim).
+* Children get SIGTERM from the kernel if the supervisor dies
+  (``PR_SET_PDEATHSIG``), so a supervisor killed with SIGKILL leaves no
+  orphans: they drain and exit.
 * SIGTERM, SIGINT and SIGQUIT stop; SIGHUP restarts the children one by one
   so they reload the crawl config.
 
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import logs
+from .localredis import die_with_parent
 
 
 @dataclass
@@ -136,7 +140,7 @@ class Supervisor:
     def _spawn(self, c: _Child) -> None:
         env = dict(os.environ)
         env.update(c.spec.env)
-        c.proc = subprocess.Popen(c.spec.argv, env=env, stdin=subprocess.DEVNULL)
+        c.proc = subprocess.Popen(c.spec.argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         c.started = time.monotonic()
         self.log.info("child_started", child=c.spec.name, pid=c.proc.pid)
 
