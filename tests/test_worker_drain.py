@@ -64,3 +64,20 @@ def test_sigterm_drains_in_flight_fetches(tmp_path, redis_server, rds):
     rows = [json.loads(line) for p in parts for line in p.read_text().splitlines()]
     assert len(rows) == stats["acked"]
     assert '"worker_stopped"' in err
+
+
+def test_heartbeat_keeps_slow_fetches_claimed(tmp_path, redis_server, rds):
+    """Responses slower than the visibility timeout are not reclaimed (and
+    fetched twice) while their worker is alive: the heartbeat extends them."""
+    from conftest import crawlctl, summary_of
+
+    with SiteServer(("127.0.0.1", 0), synthetic={"www.slow-site.com": SyntheticSite(pages=6)}, delay_s=2.5) as srv:
+        summary = summary_of(crawlctl(
+            "run", "http://www.slow-site.com/", "--crawl-id", "slow", "--shards", "1", "--max-rps-per-host", "100",
+            "--max-inflight-per-host", "8", "--visibility-timeout", "1", "--proxy", srv.url,
+            "--redis-url", redis_server.url, "--out", str(tmp_path), "--json"))
+        counts = srv.counts()
+    assert summary["rows"] == 7
+    assert max(counts.values()) == 1, counts
+    stats = rds.hgetall(keys.shard_keys("slow", 0).stats)
+    assert int(stats.get(b"reclaimed", 0)) == 0 and int(stats[b"acked"]) == 7
