@@ -12,8 +12,8 @@ in a fresh interpreter.
   quick failures in a row the child is given up and reported
   (:attr:`Supervisor.gave_up`), not restarted forever.
 * Two-stage stop: SIGTERM to every child, wait for them to drain until
-  ``drain_timeout_s``, then SIGKILL and reap the stragglers (their claims
-  come back through reclaim).
+  ``drain_timeout_s`` + ``kill_grace_s``, then SIGKILL and reap the
+  stragglers (their claims come back through reclaim).
 * Children get SIGTERM from the kernel if the supervisor dies
   (``PR_SET_PDEATHSIG``), so a supervisor killed with SIGKILL leaves no
   orphans: they drain and exit.
@@ -76,13 +76,14 @@ class Supervisor:
 
     def __init__(self, specs: list[ChildSpec], *, drain_timeout_s: float = 30.0,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, crash_loop_limit: int = 5,
-                 stable_after_s: float = 30.0, log=None):
+                 stable_after_s: float = 30.0, kill_grace_s: float = 5.0, log=None):
         self.children = [_Child(s) for s in specs]
         self.drain_timeout_s = drain_timeout_s
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.crash_loop_limit = crash_loop_limit
         self.stable_after_s = stable_after_s
+        self.kill_grace_s = kill_grace_s
         self.log = log or logs.setup(proc="supervisor")
         self.stopping = False
         self.stop_signal: int | None = None
@@ -230,8 +231,9 @@ class Supervisor:
             self.stop()
 
     def stop(self) -> float:
-        """SIGTERM every child, wait up to ``drain_timeout_s`` for them to
-        exit, SIGKILL the rest.  Returns the drain time in seconds."""
+        """SIGTERM every child, wait up to ``drain_timeout_s`` +
+        ``kill_grace_s`` for them to exit, SIGKILL the rest.  Returns the
+        drain time in seconds."""
         self.stopping = True
         t0 = time.monotonic()
         running = [c for c in self.children if c.proc and c.proc.poll() is None]
@@ -240,13 +242,15 @@ class Supervisor:
                 c.proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = t0 + self.drain_timeout_s
+        # children drain within drain_timeout_s themselves; the grace period
+        # covers their exit and the reaping
+        deadline = t0 + self.drain_timeout_s + self.kill_grace_s
         while time.monotonic() < deadline and any(c.proc.poll() is None for c in running):
             time.sleep(0.02)
         for c in running:
             if c.proc.poll() is None:
                 self.log.warning("child_killed", child=c.spec.name, pid=c.proc.pid,
-                                 reason=f"not drained within {self.drain_timeout_s:g}s")
+                                 reason=f"not drained within {self.drain_timeout_s + self.kill_grace_s:g}s")
                 c.proc.kill()
                 c.proc.wait()
             elif c.proc.returncode != 0:

@@ -107,15 +107,19 @@ class Worker:
         try:
             self._claim_loop()
         finally:
+            # one drain budget: in-flight fetches get most of it, the last
+            # commit (write, fsync, push, ack) keeps at least 2 s of it
             t_stop = time.monotonic()
-            self.pool.join(timeout=self.drain_timeout_s)
+            deadline = t_stop + self.drain_timeout_s
+            self.pool.join(timeout=max(deadline - time.monotonic() - 2.0, 0.1))
             if len(self.pool):
                 self.log.warning("drain_timeout", unfinished=len(self.pool))
-                self.pool.kill(block=True, timeout=5)
+                self.pool.kill(block=True, timeout=1)
             self._committing_done = True
             self._commit_wake.set()
-            committer.join(timeout=self.drain_timeout_s)
+            committer.join(timeout=max(deadline - time.monotonic(), 1.0))
             if not committer.dead:
+                self.log.warning("drain_commit_unfinished", rows=len(self._rows), acks=len(self._acks))
                 committer.kill()
             beat.kill()
             self.writer.close()

@@ -71,7 +71,7 @@ def test_killed_child_is_restarted():
 
 
 def test_two_stage_stop_drains_then_kills_stragglers():
-    sup = Supervisor([py("drainer", DRAINER), py("stubborn", STUBBORN)], drain_timeout_s=1.0)
+    sup = Supervisor([py("drainer", DRAINER), py("stubborn", STUBBORN)], drain_timeout_s=0.5, kill_grace_s=0.5)
     sup.start()
     time.sleep(0.5)  # let the children install their handlers
     procs = {c.spec.name: c.proc for c in sup.children}
