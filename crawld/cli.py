@@ -21,6 +21,7 @@ from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters,
 from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
+from .output import check_writable
 from .redisconn import RedisUnfit, check, connect, redis_url
 from .urls import BadURL
 
@@ -87,10 +88,7 @@ def cmd_run(args) -> int:
     os.environ.setdefault("CRAWLD_LOG_LEVEL", "info" if args.verbose else "warning")
     out = Path(args.out).resolve()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".crawld-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        check_writable(out)
     except OSError as exc:
         raise CliError(f"--out {args.out}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
     data = {"crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),

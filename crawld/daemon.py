@@ -14,6 +14,7 @@ import sys
 from . import __version__, exitcodes, logs
 from .config import ConfigError
 from .crawls import load_crawl
+from .output import check_writable
 from .redisconn import RedisUnfit, check, connect, redis_url
 from .supervisor import Supervisor, python_child
 
@@ -70,12 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         bad = [s for s in shards if s >= config.num_shards]
         if bad:
             raise ConfigError(f"shards: {bad} not in 0..{config.num_shards - 1} (crawl has {config.num_shards})")
+        check_writable(config.output)
     except ConfigError as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
     except RedisUnfit as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
+    except OSError as exc:
+        print(f"crawld: error: output {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return exitcodes.CANTCREAT
     env = {"REDIS_URL": url}
     wargs = ["--crawl-id", config.crawl_id, "--drain-timeout", str(args.drain_timeout)]
     specs = [python_child(f"worker-{s}", "crawld.worker", [*wargs, "--shard", str(s)], env) for s in shards]

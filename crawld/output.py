@@ -25,6 +25,20 @@ OPEN_SUFFIX = ".ndjson.open"
 CLOSED_SUFFIX = ".ndjson"
 
 
+def check_writable(output: str | os.PathLike) -> Path:
+    """Create ``output`` if needed and prove a file can be written there.
+
+    Raises:
+        OSError: with ``filename`` set, when it cannot.
+    """
+    path = Path(output)
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".crawld-write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+    return path
+
+
 def parts_dir(output: str | os.PathLike, crawl_id: str) -> Path:
     """Directory holding every part of ``crawl_id``."""
     return Path(output) / "parts" / crawl_id

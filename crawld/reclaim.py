@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=None, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="run one pass and exit")
     args = p.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     log = logs.setup(proc="reclaim")
     url = redis_url(args.redis_url)
     if not url:
@@ -62,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     except RedisUnfit as exc:
         log.error("boot_failed", error=str(exc))
         return exitcodes.UNAVAILABLE
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     frontiers: dict[str, Frontier] = {}
     ppid = os.getppid()
     while True:
