@@ -16,14 +16,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__, exitcodes
+from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
 from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
 from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
-from .output import check_writable
+from .output import check_writable, list_parts
 from .redisconn import RedisUnfit, check, connect, redis_url
 from .urls import BadURL
+
+
+#: ``crawlctl run`` starts one worker process per shard on this machine.
+MAX_LOCAL_SHARDS = 128
 
 
 class CliError(Exception):
@@ -59,9 +64,9 @@ def _crawl_settings(args) -> dict:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def _add_crawl_options(p: argparse.ArgumentParser) -> None:
+def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
     g = p.add_argument_group("crawl settings (stored with the crawl; see 'crawlctl settings')")
-    g.add_argument("--crawl-id", help="crawl name (default: run-<UTC time>)")
+    g.add_argument("--crawl-id", type=crawl_id_arg, help=crawl_id_help)
     g.add_argument("--shards", type=int, help="number of shards (default 4)")
     g.add_argument("--max-rps-per-host", type=float, metavar="R",
                    help="requests/s per registered domain (default 2)")
@@ -75,7 +80,7 @@ def _add_crawl_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-attempts", type=int, metavar="N", help="claims before dead-lettering (default 3)")
 
 
-def _new_crawl_id() -> str:
+def _newcrawl_id_arg() -> str:
     return "run-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 10000:04d}"
 
 
@@ -86,15 +91,26 @@ def cmd_run(args) -> int:
     # workers, reclaimer and supervisor log warnings and errors only, unless
     # asked: the live progress line and the summary are the run's output
     os.environ.setdefault("CRAWLD_LOG_LEVEL", "info" if args.verbose else "warning")
+    if args.shards is not None and args.shards > MAX_LOCAL_SHARDS:
+        raise CliError(f"num_shards: crawlctl run starts one process per shard; use at most {MAX_LOCAL_SHARDS} "
+                       "here (serve more shards with crawld on a fleet)", exitcodes.CONFIG)
     out = Path(args.out).resolve()
     try:
         check_writable(out)
     except OSError as exc:
         raise CliError(f"--out {args.out}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
-    data = {"crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
+    data = {"crawl_id": args.crawl_id or _newcrawl_id_arg(), "seeds": seeds, "output": str(out),
             **_crawl_settings(args)}
     config = CrawlConfig.from_dict(data)
+    if list_parts(out, config.crawl_id):
+        raise CliError(f"crawl_id: {out / 'parts' / config.crawl_id} already holds parts of a crawl "
+                       f"{config.crawl_id!r}; pick another --crawl-id or another --out", exitcodes.CONFIG)
     proxy = args.proxy or os.environ.get("CRAWLD_PROXY")
+    if proxy:
+        try:
+            proxy = proxy_url(proxy)
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(f"proxy: {exc}", exitcodes.CONFIG) from None
     opts = RunOptions(redis_url=redis_url(args.redis_url), concurrency=args.workers, proxy=proxy,
                       drain_timeout_s=args.drain_timeout,
                       progress=sys.stderr.isatty() and not args.quiet)
@@ -105,17 +121,20 @@ def cmd_run(args) -> int:
     except RunFailed as exc:
         raise CliError(str(exc), exitcodes.FAILED)
     print_summary(summary, args.json)
+    if not summary["statuses"] and summary["rows"]:
+        raise CliError(f"no URL could be fetched: all {summary['rows']} rows are errors "
+                       "(see the error column of the artifact)", exitcodes.FAILED)
     return exitcodes.OK
 
 
 def cmd_seed(args) -> int:
-    seeds = check_seeds(args.seeds)
-    client = _client(args)
     if not args.crawl_id:
         raise CliError("--crawl-id is required", exitcodes.USAGE)
+    seeds = check_seeds(args.seeds)
     data = {"crawl_id": args.crawl_id, "seeds": seeds, "output": str(Path(args.out).resolve()),
             **_crawl_settings(args)}
     config = CrawlConfig.from_dict(data)
+    client = _client(args)
     create_crawl(client, config)
     n = seed(client, config, seeds)
     print(f"crawl {config.crawl_id}: {n} new seed(s) queued across {config.num_shards} shard(s)")
@@ -143,8 +162,9 @@ def cmd_queue_depth(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    if args.crawl_id and (args.created_at or not redis_url(args.redis_url)):
-        created = args.created_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.created_at or not redis_url(args.redis_url):
+        created = CrawlConfig(crawl_id=args.crawl_id).replace(
+            **({"created_at": args.created_at} if args.created_at else {})).created_at
         output = args.out
     else:
         client = _client(args)
@@ -154,9 +174,9 @@ def cmd_merge(args) -> int:
             export_dead_letters(client, config)
     if not output:
         raise CliError("--out is required without Redis", exitcodes.USAGE)
-    res = merge_crawl(output, args.crawl_id, created)
-    if res.parts == 0:
+    if not list_parts(output, args.crawl_id):
         raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
+    res = merge_crawl(output, args.crawl_id, created)
     print(f"artifact={res.path} rows={res.rows} duplicates_dropped={res.duplicates} "
           f"torn_lines_skipped={res.bad_lines} parts={res.parts}")
     return exitcodes.OK
@@ -168,13 +188,13 @@ def cmd_settings(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="crawlctl",
         description="Operate crawld crawls: run one locally, seed one for the fleet, watch and merge it.",
         epilog="Redis is taken from --redis-url or $REDIS_URL. Exit codes: 0 ok, 1 failed, "
                "64 usage, 65 bad URL, 69 Redis unavailable, 73 output not writable, 78 bad setting.")
     p.add_argument("--version", action="version", version=f"crawlctl {__version__}")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
 
     r = sub.add_parser("run", help="crawl locally from seeds to a Parquet artifact",
                        description="All-in-one local crawl: private redis-server unless $REDIS_URL or "
@@ -182,15 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "until every shard is empty and nothing is claimed; then merge and "
                                    "print a summary.")
     r.add_argument("seeds", nargs="+", metavar="SEED_URL")
-    _add_crawl_options(r)
-    r.add_argument("--workers", type=int, default=int(os.environ.get("NUM_WORKERS", "32")), metavar="N",
-                   help="concurrent fetches per shard worker (default $NUM_WORKERS or 32)")
-    r.add_argument("--out", default="crawl-output", metavar="DIR",
+    _add_crawl_options(r, "crawl name (default: run-<UTC time>-<pid>)")
+    r.add_argument("--workers", type=int_range(1, 1000), default=os.environ.get("NUM_WORKERS", "32"), metavar="N",
+                   help="concurrent fetches per shard worker, 1-1000 (default $NUM_WORKERS or 32)")
+    r.add_argument("--out", type=nonempty_path, default="crawl-output", metavar="DIR",
                    help="output directory: parts and crawls/YYYY/MM/DD/<id>.parquet (default ./crawl-output)")
-    r.add_argument("--proxy", metavar="URL", help="HTTP proxy for every request (default: $CRAWLD_PROXY, "
+    r.add_argument("--proxy", type=proxy_url, metavar="URL", help="HTTP proxy for every request (default: $CRAWLD_PROXY, "
                    "else the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables)")
     r.add_argument("--redis-url", help="use this Redis instead of a private one")
-    r.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+    r.add_argument("--drain-timeout", type=positive_float, default=30.0, metavar="S",
                    help="seconds workers get to finish in-flight fetches at the end (default 30)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no live progress line")
@@ -200,22 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")
     s.add_argument("seeds", nargs="+", metavar="SEED_URL")
-    _add_crawl_options(s)
-    s.add_argument("--out", default=os.environ.get("OUTPUT_BUCKET", "crawl-output"), metavar="DIR",
+    _add_crawl_options(s, "crawl name (required)")
+    s.add_argument("--out", type=nonempty_path, default=os.environ.get("OUTPUT_BUCKET", "crawl-output"), metavar="DIR",
                    help="output location (default $OUTPUT_BUCKET or ./crawl-output)")
     s.add_argument("--redis-url")
     s.set_defaults(func=cmd_seed)
 
     q = sub.add_parser("queue-depth", help="URLs queued and claimed (total=N)")
-    q.add_argument("--crawl-id", required=True)
+    q.add_argument("--crawl-id", type=crawl_id_arg, required=True)
     q.add_argument("--per-shard", action="store_true")
     q.add_argument("--json", action="store_true")
     q.add_argument("--redis-url")
     q.set_defaults(func=cmd_queue_depth)
 
     m = sub.add_parser("merge", help="merge a crawl's parts into its Parquet artifact")
-    m.add_argument("--crawl-id", required=True)
-    m.add_argument("--out", metavar="DIR", help="output location (default: the crawl's, from Redis)")
+    m.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    m.add_argument("--out", type=nonempty_path, metavar="DIR", help="output location (default: the crawl's, from Redis)")
     m.add_argument("--created-at", help="UTC date for the artifact path when Redis is not used")
     m.add_argument("--redis-url")
     m.set_defaults(func=cmd_merge)

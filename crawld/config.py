@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from . import __version__
 from .keys import check_crawl_id
+from .urls import valid_host
 
 #: schema version of the config JSON stored in Redis.
 CONFIG_VERSION = 1
@@ -91,6 +92,23 @@ def _crawl_id(v: Any) -> str:
     return check_crawl_id(v)
 
 
+def _header_value(v: Any) -> str:
+    v = _string(300)(v)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+        raise ValueError("must not contain control characters (CR, LF, ...)")
+    return v
+
+
+def _domain_list(v: Any) -> tuple[str, ...]:
+    out = []
+    for d in _string_list(v):
+        d = d.strip().lower().rstrip(".")
+        if not valid_host(d) or ":" in d:
+            raise ValueError(f"{d!r} is not a domain name")
+        out.append(d)
+    return tuple(out)
+
+
 def _utc_time(v: Any) -> str:
     """An ISO-8601 time, normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ``."""
     if not isinstance(v, str):
@@ -113,9 +131,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("burst", "requests", "GCRA bucket capacity: back-to-back requests allowed after idle (1-2)", _number(1, 2)),
     Setting("max_inflight_per_host", "requests", "fetches in flight at once per registered domain", _number(1, 1000, True)),
     Setting("max_depth", "links", "link distance from a seed beyond which URLs are not fetched", _number(0, 10000, True)),
-    Setting("allow_domains", "domains", "registered domains in scope besides the seeds' own", _string_list),
+    Setting("allow_domains", "domains", "registered domains in scope besides the seeds' own", _domain_list),
     Setting("strip_params", "names", "query parameters dropped from canonical URLs ('*' = prefix)", _string_list),
-    Setting("user_agent", "", "User-Agent header sent on every request", _string(300)),
+    Setting("user_agent", "", "User-Agent header sent on every request", _header_value),
     Setting("connect_timeout_s", "s", "TCP connect timeout per request", _number(0.1, 600)),
     Setting("read_timeout_s", "s", "timeout between two reads of a response", _number(0.1, 600)),
     Setting("fetch_deadline_s", "s", "total time allowed for one request, body included", _number(0.1, 3600)),

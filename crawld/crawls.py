@@ -16,7 +16,7 @@ from .frontier import Entry, Frontier
 from .output import write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router
-from .urls import BadURL, canonicalize, fingerprint
+from .urls import BadURL, canonicalize, fingerprint, without_userinfo
 
 
 class CrawlExists(RuntimeError):
@@ -44,15 +44,18 @@ def check_seeds(seeds: list[str]) -> list[str]:
 def create_crawl(client: redis.Redis, config: CrawlConfig) -> None:
     """Store ``config`` and register the crawl.
 
+    Storing the same settings again (``created_at`` aside) is a no-op.
+
     Raises:
-        CrawlExists: the crawl id is taken (with a different config).
+        CrawlExists: the crawl id is taken by a crawl with other settings.
     """
     key = keys.crawl_config(config.crawl_id)
     if not client.set(key, config.to_json(), nx=True):
         existing = client.get(key)
-        if existing is not None and CrawlConfig.from_json(existing) == config:
-            return
-        raise CrawlExists(f"crawl_id: crawl {config.crawl_id!r} already exists in Redis; pick another id")
+        if existing is not None and CrawlConfig.from_json(existing).replace(created_at=config.created_at) == config:
+            return  # the same crawl again (re-running a seed command is harmless)
+        raise CrawlExists(f"crawl_id: crawl {config.crawl_id!r} already exists in Redis with other settings; "
+                          "pick another id")
     client.sadd(keys.CRAWLS, config.crawl_id)
 
 
@@ -79,7 +82,7 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
             raise BadURL(f"seed {u!r}: not a crawlable URL")
         r = router.route(canon)
         fp = fingerprint(canon)
-        by_shard.setdefault(r.shard, []).append((fp, r.pkey, Entry(u, canon, 0).to_payload()))
+        by_shard.setdefault(r.shard, []).append((fp, r.pkey, Entry(without_userinfo(u), canon, 0).to_payload()))
     return sum(frontier.push(s, items) for s, items in by_shard.items())
 
 

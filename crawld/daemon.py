@@ -7,7 +7,6 @@ under :class:`crawld.supervisor.Supervisor`, until SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -16,7 +15,12 @@ from .config import ConfigError
 from .crawls import load_crawl
 from .output import check_writable
 from .redisconn import RedisUnfit, check, connect, redis_url
+from .cliargs import Parser, crawl_id_arg, positive_float
 from .supervisor import Supervisor, python_child
+
+
+#: the largest num_shards a crawl may have (see crawld.config).
+MAX_SHARDS = 4096
 
 
 def parse_shard_set(text: str) -> list[int]:
@@ -31,29 +35,29 @@ def parse_shard_set(text: str) -> list[int]:
         for part in text.replace(" ", "").split(","):
             if not part:
                 continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
+            lo, _, hi = part.partition("-")
+            lo_i, hi_i = int(lo), int(hi or lo)
+            if not 0 <= lo_i <= hi_i < MAX_SHARDS:
+                raise ValueError
+            out.update(range(lo_i, hi_i + 1))
     except ValueError:
-        raise ConfigError(f"shards: {text!r} is not a shard set like '0-3' or '0,2,5'") from None
-    if not out or min(out) < 0:
-        raise ConfigError(f"shards: {text!r} names no valid shard")
+        raise ConfigError(f"shards: {text!r} is not a shard set like '0-3' or '0,2,5' "
+                          f"(shards are 0..{MAX_SHARDS - 1})") from None
+    if not out:
+        raise ConfigError(f"shards: {text!r} names no shard")
     return sorted(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="crawld", description="Serve shards of a crawl on this machine.",
+    p = Parser(prog="crawld", description="Serve shards of a crawl on this machine.",
                                 epilog="Environment: REDIS_URL, CRAWL_ID, NUM_WORKERS (concurrent fetches per "
                                        "shard worker), CRAWLD_PROXY.")
     p.add_argument("--version", action="version", version=f"crawld {__version__}")
     p.add_argument("--shards", default=os.environ.get("CRAWLD_SHARDS"), help="shard set, e.g. 0-3 or 0,2,5")
-    p.add_argument("--crawl-id", default=os.environ.get("CRAWL_ID"))
+    p.add_argument("--crawl-id", type=crawl_id_arg, default=os.environ.get("CRAWL_ID"))
     p.add_argument("--redis-url", default=None)
-    p.add_argument("--drain-timeout", type=float, default=float(os.environ.get("DRAIN_TIMEOUT_S", "30")))
+    p.add_argument("--drain-timeout", type=positive_float, default=os.environ.get("DRAIN_TIMEOUT_S", "30"),
+                   metavar="S", help="seconds children get to drain on SIGTERM (default $DRAIN_TIMEOUT_S or 30)")
     args = p.parse_args(argv)
     log = logs.setup(proc="crawld")
     try:
@@ -86,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     specs = [python_child(f"worker-{s}", "crawld.worker", [*wargs, "--shard", str(s)], env) for s in shards]
     specs.append(python_child("reclaim", "crawld.reclaim", [], env))
     sup = Supervisor(specs, drain_timeout_s=args.drain_timeout, log=log.bind(crawl_id=config.crawl_id))
-    sup.run()
-    return exitcodes.OK if not sup.gave_up else exitcodes.SOFTWARE
+    workers = {s.name for s in specs if s.name.startswith("worker-")}
+    # serve until stopped; give up (and let the service manager see a
+    # failure) only when every worker is crash-looping
+    sup.run(until=lambda: workers <= set(sup.gave_up))
+    if sup.gave_up:
+        log.error("crawld_failed", gave_up=sup.gave_up)
+        return exitcodes.SOFTWARE
+    return exitcodes.OK
 
 
 if __name__ == "__main__":

@@ -78,7 +78,10 @@ class RedisServer:
                "--logfile", str(self.dir / "redis.log"), "--daemonize", "no", *self.extra_args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL,
-                                     preexec_fn=die_with_parent if self.die_with_parent else None)
+                                     preexec_fn=die_with_parent if self.die_with_parent else None,
+                                     # its own session: a Ctrl-C in the terminal goes to crawlctl and
+                                     # its workers, which still need Redis to drain
+                                     start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

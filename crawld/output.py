@@ -94,7 +94,12 @@ class PartWriter:
         self._opened = time.monotonic()
 
     def write(self, rows: Iterable[dict[str, Any]]) -> int:
-        """Append rows, then make them durable.  Returns bytes written."""
+        """Append rows, then make them durable.  Returns bytes written.
+
+        Raises:
+            OSError: nothing of this batch is left in the part (it is cut
+                back), so the caller may retry the same batch.
+        """
         data = b"".join(
             json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n" for r in rows
         )
@@ -103,10 +108,20 @@ class PartWriter:
         if self._file is None:
             self._open()
         view = memoryview(data)
-        while view:
-            n = self._file.write(view)
-            view = view[n:]
-        self._sync(self._file.fileno())
+        try:
+            while view:
+                n = self._file.write(view)
+                view = view[n:]
+            self._sync(self._file.fileno())
+        except OSError:
+            # a failed batch (e.g. ENOSPC) must not leave a torn line that
+            # the retried batch would be glued to: cut back to the last
+            # durable end
+            try:
+                os.ftruncate(self._file.fileno(), self._size)
+            except OSError:
+                pass
+            raise
         self._size += len(data)
         self.rows_written += data.count(b"\n")
         if self._size >= self.max_bytes or time.monotonic() - self._opened >= self.max_age_s:

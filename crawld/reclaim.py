@@ -9,7 +9,6 @@ the script is atomic, so each expired claim is returned exactly once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ import threading
 import redis
 
 from . import exitcodes, keys, logs
+from .cliargs import Parser, crawl_id_arg, positive_float
 from .config import ConfigError, CrawlConfig
 from .frontier import Frontier
 from .redisconn import RedisUnfit, check, connect, redis_url
@@ -45,10 +45,10 @@ def served_crawls(client: redis.Redis, only: list[str] | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the reclaim process; returns its exit code."""
-    p = argparse.ArgumentParser(prog="crawld-reclaim", description="Return expired claims to the frontier.")
-    p.add_argument("--crawl-id", action="append", help="crawl to serve (repeatable; default: all)")
+    p = Parser(prog="crawld-reclaim", description="Return expired claims to the frontier.")
+    p.add_argument("--crawl-id", type=crawl_id_arg, action="append", help="crawl to serve (repeatable; default: all)")
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
-    p.add_argument("--interval", type=float, default=None, help="seconds between passes")
+    p.add_argument("--interval", type=positive_float, default=None, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="run one pass and exit")
     args = p.parse_args(argv)
     stop = threading.Event()

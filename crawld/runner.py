@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pyarrow.parquet as pq
+import redis
 
 from . import logs
 from .config import CrawlConfig
@@ -41,7 +42,8 @@ class RunInterrupted(RunFailed):
 @dataclass
 class RunOptions:
     """Process-level options of a local run (crawl settings live in the
-    :class:`CrawlConfig`).  ``concurrency`` is fetches in flight per worker."""
+    :class:`CrawlConfig`).  ``concurrency`` is fetches in flight per worker;
+    ``redis_outage_s`` how long the run waits for an unreachable Redis."""
 
     redis_url: str | None = None
     concurrency: int = 32
@@ -49,6 +51,7 @@ class RunOptions:
     drain_timeout_s: float = 30.0
     progress: bool = False
     poll_s: float = 0.5
+    redis_outage_s: float = 60.0
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -159,7 +162,18 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
         def finished() -> bool:
             if sup.gave_up:
                 return True
-            snaps = frontier.snapshots()
+            try:
+                snaps = frontier.snapshots()
+            except redis.RedisError as exc:
+                # workers ride out a Redis outage (they retry); so does the
+                # run, for up to redis_outage_s
+                since = state.setdefault("redis_down_since", time.monotonic())
+                if time.monotonic() - since > opts.redis_outage_s:
+                    raise RunFailed(f"Redis unreachable for {opts.redis_outage_s:g}s: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                state["prev"] = None
+                return False
+            state.pop("redis_down_since", None)
             progress.update(snaps)
             done = crawl_finished(state["prev"], snaps)
             state["prev"] = snaps

@@ -120,7 +120,8 @@ class Supervisor:
         self._rfd = self._wfd = -1
 
     def handle_term(self, signum: int) -> None:
-        self.log.info("stop_requested", signal=signal.Signals(signum).name)
+        self.log.warning("stop_requested", signal=signal.Signals(signum).name,
+                         drain_timeout_s=self.drain_timeout_s)
         self.stopping = True
         self.stop_signal = signum
 

@@ -121,11 +121,10 @@ def canonicalize(url: str, strip: tuple[frozenset[str], tuple[str, ...]] = (froz
     host = parts.hostname
     if not host:
         raise BadURL("URL has no host")
-    if not _HOST.match(host):
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise BadURL(f"invalid host {host!r}") from None
+    if not valid_host(host):
+        raise BadURL(f"invalid host {host!r}")
+    if port == 0:
+        raise BadURL("invalid URL: port 0")
     netloc = parts.netloc
     if port is not None and (port == _DEFAULT_PORTS[scheme] or "@" in netloc):
         # rebuild netloc without the default port; credentials are dropped
@@ -141,6 +140,41 @@ def canonicalize(url: str, strip: tuple[frozenset[str], tuple[str, ...]] = (froz
     if netloc != parts.netloc or query != parts.query:
         canon = urlunsplit((parts.scheme, netloc, parts.path or "/", query, ""))
     return canon
+
+
+def valid_host(host: str) -> bool:
+    """Whether a lower-case, IDNA-encoded host can be fetched: an IPv6 or
+    dotted-quad IPv4 literal, or a name of 1-63 character labels (253 at
+    most) in RFC 3986 unreserved characters whose last label is not numeric
+    (WHATWG URL: a host ending in a number must be an IPv4 address)."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.strip("[]"))
+            return True
+        except ValueError:
+            return False
+    if not _HOST.match(host) or len(host) > 253:
+        return False
+    labels = (host[:-1] if host.endswith(".") else host).split(".")
+    if any(not label or len(label) > 63 for label in labels):
+        return False
+    if labels[-1].isdigit():
+        try:
+            ipaddress.IPv4Address(host.rstrip("."))
+        except ValueError:
+            return False
+    return True
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@``: a crawler never sends credentials
+    it found in a link, nor stores them in the artifact."""
+    if "@" not in url:
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def url_host(canonical_url: str) -> str:
@@ -165,6 +199,6 @@ def resolve(base: str, href: str) -> str | None:
     if hash_at >= 0:
         href = href[:hash_at]
     try:
-        return urljoin(base, href)
+        return without_userinfo(urljoin(base, href))
     except ValueError:
         return None

@@ -27,7 +27,6 @@ if __name__ == "__main__":  # patch before requests, redis or ssl are imported
 
     monkey.patch_all()
 
-import argparse
 import os
 import signal
 import sys
@@ -40,6 +39,7 @@ import gevent.pool
 import redis
 
 from . import exitcodes, logs
+from .cliargs import Parser, crawl_id_arg, int_range, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig
 from .crawls import load_crawl
 from .extract import HTML_TYPES, parse_content_type, parse_html
@@ -77,6 +77,8 @@ class Worker:
                                  sync=lambda fd: hub.threadpool.apply(os.fdatasync, (fd,)))
         self.commit_interval_s = commit_interval_s
         self.commit_batch = commit_batch
+        self.max_pending_rows = max(4 * commit_batch, 2 * concurrency)
+        self._in_commit = 0  # rows of the commit under way
         self.drain_timeout_s = drain_timeout_s
         self.idle_max_s = idle_max_s
         self.log = log or logs.setup(crawl_id=config.crawl_id, shard=shard, proc="worker")
@@ -135,6 +137,11 @@ class Worker:
             free = self.pool.free_count()
             if free <= 0:
                 self.pool.wait_available(timeout=0.5)
+                continue
+            if len(self._rows) + self._in_commit >= self.max_pending_rows:
+                # back-pressure: commits are failing (disk full, Redis
+                # down); claim nothing more until rows are durable again
+                self._stopping.wait(0.2)
                 continue
             fetched, self._fetched = self._fetched, []
             self._wake.clear()
@@ -284,6 +291,7 @@ class Worker:
         if not rows and not acks and not pushes:
             return
         self._rows, self._acks, self._pushes = [], [], defaultdict(dict)
+        self._in_commit = len(rows)
         errors = 0
         while True:
             try:
@@ -298,6 +306,7 @@ class Worker:
                 self.log.error("commit_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                                consecutive=errors)
                 gevent.sleep(min(0.2 * 2 ** min(errors, 5), 5.0))
+        self._in_commit = 0
         for t in acks:
             self._held.discard(t)
         if len(self._pushed) > 500_000:
@@ -327,14 +336,14 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process; returns its exit code."""
-    p = argparse.ArgumentParser(prog="crawld-worker", description="Serve one shard of a crawl (started by crawld).")
-    p.add_argument("--crawl-id", required=True)
-    p.add_argument("--shard", type=int, required=True)
+    p = Parser(prog="crawld-worker", description="Serve one shard of a crawl (started by crawld).")
+    p.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    p.add_argument("--shard", type=int_range(0, 4095), required=True)
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
-    p.add_argument("--concurrency", type=int, default=int(os.environ.get("NUM_WORKERS", "32")),
+    p.add_argument("--concurrency", type=int_range(1, 1000), default=os.environ.get("NUM_WORKERS", "32"),
                    help="concurrent fetches (default: $NUM_WORKERS or 32)")
-    p.add_argument("--proxy", default=os.environ.get("CRAWLD_PROXY") or None)
-    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--proxy", type=proxy_url, default=os.environ.get("CRAWLD_PROXY") or None)
+    p.add_argument("--drain-timeout", type=positive_float, default=30.0)
     args = p.parse_args(argv)
     log = logs.setup(crawl_id=args.crawl_id, shard=args.shard, proc="worker")
     url = redis_url(args.redis_url)

@@ -72,8 +72,10 @@ def test_evicting_redis_is_refused(tmp_path):
     (["--max-rps-per-host", "-1"], "max_rps_per_host:"),
     (["--burst", "3"], "burst:"),
     (["--max-depth", "-2"], "max_depth:"),
-    (["--crawl-id", "bad id{x}"], "invalid crawl id"),
     (["--visibility-timeout", "0"], "visibility_timeout_s:"),
+    (["--user-agent", "x\r\nX-Evil: 1"], "user_agent: must not contain control characters"),
+    (["--allow-domain", "not a domain!"], "allow_domains:"),
+    (["--shards", "200"], "one process per shard"),
 ])
 def test_bad_setting(args, needle, tmp_path):
     proc = crawlctl("run", "http://example.com/", *args, "--out", str(tmp_path))
@@ -132,3 +134,83 @@ def test_help_is_helpful():
     for word in ("--shards", "--workers", "--max-rps-per-host", "--max-depth", "--out", "--proxy", "REDIS_URL"):
         assert word in proc.stdout
     assert crawlctl("settings").stdout.count("\n") >= 15
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, *needles: str):
+    assert proc.returncode == exitcodes.USAGE, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert ": error: " in last
+    for n in needles:
+        assert n in last, last
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "http://x.com/", "--crawl-id", "bad id{x}"], "invalid crawl id"),
+    (["queue-depth", "--crawl-id", "a/b"], "invalid crawl id"),
+    (["merge", "--crawl-id", "../../etc/x", "--out", "/tmp"], "invalid crawl id"),
+    (["run", "http://x.com/", "--workers", "0"], "--workers"),
+    (["run", "http://x.com/", "--workers", "-1"], "--workers"),
+    (["run", "http://x.com/", "--drain-timeout", "-5"], "--drain-timeout"),
+    (["run", "http://x.com/", "--out", ""], "--out"),
+    (["run", "http://x.com/", "--proxy", "notaurl"], "--proxy"),
+    (["run", "http://x.com/", "--proxy", "socks5://127.0.0.1:1080"], "--proxy"),
+    (["run"], "SEED_URL"),
+    (["nosuchcommand"], "invalid choice"),
+])
+def test_usage_errors_exit_64(args, needle):
+    assert_usage_error(crawlctl(*args), needle)
+
+
+def test_bad_environment_default_is_a_usage_error():
+    assert_usage_error(crawlctl("run", "http://x.com/", env={"NUM_WORKERS": "abc"}), "--workers")
+
+
+def test_daemon_huge_shard_range_is_refused_at_once():
+    proc = subprocess.run([sys.executable, "-m", "crawld.daemon", "--shards", "0-99999999999", "--crawl-id", "c"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
+                                                               "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=30)
+    assert_one_line_error(proc, exitcodes.CONFIG, "shards:", prog="crawld")
+
+
+def test_merge_never_replaces_an_artifact_when_there_are_no_parts(tmp_path):
+    art = tmp_path / "crawls" / "2026" / "11" / "29" / "gone.parquet"
+    art.parent.mkdir(parents=True)
+    art.write_bytes(b"precious")
+    proc = crawlctl("merge", "--crawl-id", "gone", "--out", str(tmp_path), "--created-at", "2026-11-29T10:00:00Z")
+    assert_one_line_error(proc, exitcodes.FAILED, "no parts")
+    assert art.read_bytes() == b"precious"
+    assert sorted(p.name for p in (tmp_path / "crawls").rglob("*")) == ["11", "2026", "29", "gone.parquet"]
+
+
+def test_merge_rejects_a_bad_date(tmp_path):
+    proc = crawlctl("merge", "--crawl-id", "c", "--out", str(tmp_path), "--created-at", "garbage")
+    assert_one_line_error(proc, exitcodes.CONFIG, "created_at:")
+
+
+def test_run_refuses_to_reuse_a_crawl_id_with_parts_in_the_output(tmp_path):
+    part = tmp_path / "parts" / "weekly" / "shard-0000" / "part-x.ndjson"
+    part.parent.mkdir(parents=True)
+    part.write_text("")
+    proc = crawlctl("run", "http://x.com/", "--crawl-id", "weekly", "--out", str(tmp_path))
+    assert_one_line_error(proc, exitcodes.CONFIG, "already holds parts", "weekly")
+
+
+def test_seed_again_with_same_settings_is_harmless(redis_server, rds, tmp_path):
+    import time
+
+    args = ["seed", "http://example.com/", "--crawl-id", "again", "--redis-url", redis_server.url,
+            "--out", str(tmp_path)]
+    assert crawlctl(*args).returncode == 0
+    time.sleep(1.1)  # a later created_at must not matter
+    proc = crawlctl(*args)
+    assert proc.returncode == 0 and "0 new seed(s)" in proc.stdout, proc.stderr
+
+
+def test_a_crawl_where_nothing_could_be_fetched_fails(tmp_path):
+    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    proc = crawlctl("run", "http://www.example-unfetchable.com/", "--proxy", dead_proxy, "--max-attempts", "1",
+                    "--shards", "1", "--out", str(tmp_path), "--json")
+    assert proc.returncode == exitcodes.FAILED, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("crawlctl: error: no URL could be fetched")
+    assert '"rows": 1' in proc.stdout  # the artifact and its summary are still there
