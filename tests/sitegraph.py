@@ -8,11 +8,12 @@ site server's own timestamps.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
+
+
 
 
 class _Links(HTMLParser):
@@ -67,31 +68,6 @@ def url_to_rel(url: str) -> str:
     if p.endswith("/"):
         p += "index.html"
     return p.lstrip("/")
-
-
-def max_in_window(times: list[float], window_s: float) -> int:
-    """Most timestamps inside any closed window of ``window_s`` seconds."""
-    ts = sorted(times)
-    best = j = 0
-    for i in range(len(ts)):
-        while ts[i] - ts[j] > window_s:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
-
-
-def rate_violations(hits_by_key: dict[str, list[float]], rps: float) -> dict[str, tuple[int, int]]:
-    """Politeness keys whose server-side timestamps break the bounds: more
-    than ceil(R)+1 requests in a 1 s window or 10R+ceil(R)+1 in a 10 s
-    window.  Returns key -> (max in 1 s, max in 10 s) for the offenders."""
-    lim1 = math.ceil(rps) + 1
-    lim10 = 10 * rps + math.ceil(rps) + 1
-    bad = {}
-    for key, ts in hits_by_key.items():
-        m1, m10 = max_in_window(ts, 1.0), max_in_window(ts, 10.0)
-        if m1 > lim1 or m10 > lim10:
-            bad[key] = (m1, m10)
-    return bad
 
 
 def group_hits(hits, key_of) -> dict[str, list[float]]:

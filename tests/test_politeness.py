@@ -10,7 +10,9 @@ window more than 10R+ceil(R)+1 (DESIGN.md promise 2).
 from __future__ import annotations
 
 from conftest import summary_of
-from sitegraph import group_hits, rate_violations
+from sitegraph import group_hits
+
+from crawld.ratecheck import rate_violations
 
 from crawld.sharding import politeness_key, shard_of
 from crawld.sitesrv import SiteServer, SyntheticSite
