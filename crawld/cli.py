@@ -60,8 +60,18 @@ def _crawl_settings(args) -> dict:
         "user_agent": args.user_agent,
         "visibility_timeout_s": args.visibility_timeout,
         "max_attempts": args.max_attempts,
+        "max_pages_per_host": args.max_pages_per_host,
+        "sitemaps": args.sitemaps or None,
+        "allow_loopback": args.allow_loopback or None,
+        "allow_private_networks": args.allow_private_networks or None,
     }
-    return {k: v for k, v in d.items() if v is not None}
+    d = {k: v for k, v in d.items() if v is not None}
+    for item in args.set or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise CliError(f"--set {item!r}: expected NAME=VALUE (see 'crawlctl settings')", exitcodes.USAGE)
+        d[name.strip()] = value
+    return d
 
 
 def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
@@ -78,6 +88,16 @@ def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
     g.add_argument("--user-agent")
     g.add_argument("--visibility-timeout", type=float, metavar="S", help="claim timeout in s (default 120)")
     g.add_argument("--max-attempts", type=int, metavar="N", help="claims before dead-lettering (default 3)")
+    g.add_argument("--max-pages-per-host", type=int, metavar="N",
+                   help="URLs queued per host name at most (default 50000; 0 = no limit)")
+    g.add_argument("--sitemaps", action="store_true", help="also seed URLs from robots.txt Sitemap: lines "
+                   "and /sitemap.xml")
+    g.add_argument("--allow-loopback", action="store_true",
+                   help="allow fetching 127.0.0.0/8, ::1 and localhost (off by default)")
+    g.add_argument("--allow-private-networks", action="store_true",
+                   help="allow fetching RFC 1918 / RFC 4193 / CGNAT addresses (off by default)")
+    g.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="any crawl setting, e.g. --set robots_ttl_s=3600 (repeatable; see 'crawlctl settings')")
 
 
 def _newcrawl_id_arg() -> str:

@@ -88,6 +88,14 @@ def _string_list(v: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"must be true or false, got {v!r}")
+
+
 def _crawl_id(v: Any) -> str:
     return check_crawl_id(v)
 
@@ -141,7 +149,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_redirects", "hops", "longest redirect chain followed from one URL", _number(0, 100, True)),
     Setting("visibility_timeout_s", "s", "a claim not acked or extended within this is reclaimed", _number(1, 86400)),
     Setting("max_attempts", "attempts", "claims of one URL before it is dead-lettered", _number(1, 100, True)),
-    Setting("retry_delay_s", "s", "wait before a URL whose fetch failed at the connection is retried", _number(0, 3600)),
+    Setting("backoff_base_s", "s", "first per-host backoff after a 5xx, 429 or connection error; doubles per failure", _number(0, 3600)),
+    Setting("backoff_max_s", "s", "ceiling of the per-host backoff (before jitter)", _number(0, 86400)),
+    Setting("host_max_failures", "failures", "failures in a row after which a host is parked (its URLs recorded, not fetched)", _number(1, 1000, True)),
+    Setting("max_retry_after_s", "s", "a Retry-After longer than this parks the host", _number(0, 86400 * 7)),
+    Setting("robots_ttl_s", "s", "how long a fetched robots.txt is trusted before it is fetched again", _number(1, 86400 * 30)),
+    Setting("robots_retry_s", "s", "wait before fetching a robots.txt again after a 5xx or time-out (host disallowed meanwhile)", _number(0.1, 86400)),
+    Setting("robots_max_failures", "failures", "robots.txt failures in a row after which the host's URLs are recorded as blocked", _number(1, 100, True)),
+    Setting("honour_nofollow", "", "do not follow rel=nofollow links (they are recorded as skipped)", _bool),
+    Setting("honour_robots_meta", "", "obey nofollow in <meta name=robots> and X-Robots-Tag", _bool),
+    Setting("sitemaps", "", "seed the URLs of robots.txt Sitemap: lines and /sitemap.xml", _bool),
+    Setting("max_pages_per_host", "pages", "URLs queued per host name at most; later ones are skipped (0 = no limit)", _number(0, 1 << 40, True)),
+    Setting("max_url_length", "characters", "longer URLs are skipped (traps)", _number(64, 1 << 20, True)),
+    Setting("max_query_variants", "URLs", "distinct queries per host and path at most (calendars, session ids; 0 = no limit)", _number(0, 1 << 40, True)),
+    Setting("max_path_repeats", "segments", "a path repeating one segment more than this is a loop and is skipped", _number(1, 1000, True)),
+    Setting("allow_loopback", "", "allow fetching loopback addresses (127.0.0.0/8, ::1, localhost)", _bool),
+    Setting("allow_private_networks", "", "allow fetching private addresses (RFC 1918, RFC 4193, CGNAT)", _bool),
     Setting("output", "path", "where parts and the artifact are written (a directory)", _string(4096)),
     Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _utc_time),
 )
@@ -175,7 +198,22 @@ class CrawlConfig:
     max_redirects: int = 10
     visibility_timeout_s: float = 120.0
     max_attempts: int = 3
-    retry_delay_s: float = 5.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    host_max_failures: int = 10
+    max_retry_after_s: float = 3600.0
+    robots_ttl_s: float = 86400.0
+    robots_retry_s: float = 60.0
+    robots_max_failures: int = 5
+    honour_nofollow: bool = True
+    honour_robots_meta: bool = True
+    sitemaps: bool = False
+    max_pages_per_host: int = 50_000
+    max_url_length: int = 2048
+    max_query_variants: int = 1000
+    max_path_repeats: int = 3
+    allow_loopback: bool = False
+    allow_private_networks: bool = False
     output: str = "crawl-output"
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
@@ -262,6 +300,8 @@ def settings_table() -> str:
             default = "(now)"
         elif isinstance(default, list):
             default = ",".join(default) or "(none)"
+        elif isinstance(default, bool):
+            default = str(default).lower()
         rows.append((s.name, str(default), s.unit, s.doc))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in rows)

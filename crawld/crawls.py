@@ -12,10 +12,10 @@ import redis
 
 from . import keys
 from .config import ConfigError, CrawlConfig
-from .frontier import Entry, Frontier
+from .frontier import Entry, Frontier, PushItem
 from .output import write_dead_letter_part
 from .rows import dead_letter_row
-from .scope import Router
+from .scope import Router, variant_key
 from .urls import BadURL, canonicalize, fingerprint, without_userinfo
 
 
@@ -82,8 +82,9 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
             raise BadURL(f"seed {u!r}: not a crawlable URL")
         r = router.route(canon)
         fp = fingerprint(canon)
-        by_shard.setdefault(r.shard, []).append((fp, r.pkey, Entry(without_userinfo(u), canon, 0).to_payload()))
-    return sum(frontier.push(s, items) for s, items in by_shard.items())
+        payload = Entry(without_userinfo(u), canon, 0).to_payload()
+        by_shard.setdefault(r.shard, []).append(PushItem(fp, r.pkey, r.host, variant_key(canon), "", payload))
+    return sum(frontier.push(s, items)[0] for s, items in by_shard.items())
 
 
 def export_dead_letters(client: redis.Redis, config: CrawlConfig) -> int:

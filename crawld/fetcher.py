@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 
 import gevent
 import requests
-from requests.adapters import HTTPAdapter
 
 from .config import CrawlConfig
+from .netpolicy import AddressPolicy, guard_session, is_blocked_address
 
 _CHUNK = 64 * 1024
 
@@ -33,8 +35,9 @@ class FetchResult:
 
     ``status`` is None when no response arrived; then ``error`` says why and
     ``error_kind`` is one of ``connect``, ``timeout``, ``deadline``,
-    ``protocol``, ``invalid_url``, ``other``; ``retryable`` tells whether
-    another attempt may succeed.  ``started_at`` is Unix time (s) when the
+    ``protocol``, ``invalid_url``, ``blocked`` (address policy),
+    ``redirects`` (too many, when following them), ``other``;
+    ``retryable`` tells whether another attempt may succeed.  ``started_at`` is Unix time (s) when the
     request began; ``elapsed_ms`` runs until the body was read.  ``body`` is
     at most ``max_body_bytes`` (``truncated`` when cut), after
     Content-Encoding decoding.
@@ -57,11 +60,14 @@ def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None
 
     ``proxy`` (``http://host:port``) is used for http and https; without it
     requests reads the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables.
+    Direct connections are checked against the crawl's address policy
+    (:mod:`crawld.netpolicy`) at connect time.  Followed redirects (robots.txt
+    only) stop after 5 hops (RFC 9309 section 2.3.1.2).
     """
     s = requests.Session()
-    adapter = HTTPAdapter(pool_connections=256, pool_maxsize=max(concurrency, 4), max_retries=0)
-    s.mount("http://", adapter)
-    s.mount("https://", adapter)
+    s.max_redirects = 5
+    pool = dict(pool_connections=256, pool_maxsize=max(concurrency, 4), max_retries=0)
+    guard_session(s, AddressPolicy(config.allow_loopback, config.allow_private_networks), **pool)
     s.headers.update({
         "User-Agent": config.user_agent,
         "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
@@ -72,6 +78,10 @@ def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None
 
 
 def _classify(exc: BaseException) -> tuple[str, bool]:
+    if is_blocked_address(exc) is not None:
+        return "blocked", False
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return "redirects", False
     if isinstance(exc, (FetchDeadline, gevent.Timeout)):
         return "deadline", True
     if isinstance(exc, requests.exceptions.ConnectTimeout):
@@ -91,18 +101,43 @@ def _classify(exc: BaseException) -> tuple[str, bool]:
     return "other", False
 
 
-def fetch(session: requests.Session, url: str, config: CrawlConfig) -> FetchResult:
-    """GET ``url`` once.  Never raises: failures are in the result."""
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (RFC 9110 section 10.2.3:
+    delay-seconds or an HTTP-date), never negative; None if absent or
+    unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    now_dt = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    return max(0.0, (when - now_dt).total_seconds())
+
+
+def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_redirects: bool = False,
+          max_bytes: int | None = None) -> FetchResult:
+    """GET ``url`` once.  Never raises: failures are in the result.
+
+    ``max_bytes`` caps the body (default the crawl's ``max_body_bytes``).
+    """
     res = FetchResult(url=url, started_at=time.time())
     t0 = time.monotonic()
     resp = None
     try:
         with gevent.Timeout(config.fetch_deadline_s, FetchDeadline):
-            resp = session.get(url, stream=True, allow_redirects=False,
+            resp = session.get(url, stream=True, allow_redirects=allow_redirects,
                                timeout=(config.connect_timeout_s, config.read_timeout_s))
             res.status = resp.status_code
             res.headers = {k.lower(): v for k, v in resp.headers.items()}
-            cap = config.max_body_bytes
+            cap = max_bytes or config.max_body_bytes
             chunks, size = [], 0
             for chunk in resp.iter_content(_CHUNK):
                 size += len(chunk)
@@ -117,8 +152,13 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig) -> FetchResu
             raise
         kind, retryable = _classify(exc)
         res.error_kind, res.retryable = kind, retryable
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        res.error = f"{kind}: {type(exc).__name__}{': ' + msg[:300] if msg else ''}"
+        blocked = is_blocked_address(exc)
+        if blocked is not None:
+            res.error = str(blocked).split("address_blocked: ", 1)[-1]
+            res.error = f"address_blocked: {res.error[:300]}"
+        else:
+            msg = str(exc).splitlines()[0] if str(exc) else ""
+            res.error = f"{kind}: {type(exc).__name__}{': ' + msg[:300] if msg else ''}"
         if res.status is not None and kind in ("deadline", "timeout", "protocol"):
             # headers arrived but the body did not: keep the status, flag it
             res.truncated = True

@@ -13,7 +13,14 @@ neither lose nor duplicate an entry:
 * nack    give a failed claim back (requeued, or dead-lettered past
           ``max_attempts``);
 * extend  heartbeat: push back the deadline of claims still being worked;
-* reclaim return expired claims to the queue (or dead-letter them).
+* reclaim return expired claims to the queue (or dead-letter them);
+* reserve book one extra request (a robots.txt fetch) against GCRA;
+* rate    slow a politeness key down (robots.txt Crawl-delay).
+
+Besides URLs to fetch, the frontier carries URLs to *record without
+fetching* (a "mode" naming why: out of scope, over depth, over budget, host
+given up, ...), so that every URL ends as a row through the same claim,
+row, ack path.
 
 Entries are JSON payloads with a schema version (:data:`ENTRY_VERSION`);
 nothing is pickled.  All times are Redis server time in microseconds.
@@ -24,7 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import redis
 
@@ -35,7 +42,7 @@ from .config import CrawlConfig
 ENTRY_VERSION = 1
 
 _LUA_DIR = Path(__file__).with_name("lua")
-_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim")
+_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate")
 
 
 def load_script_source(name: str) -> str:
@@ -49,7 +56,8 @@ class Entry:
 
     ``url`` is the absolute URL to fetch, ``canonical`` its canonical form,
     ``depth`` the link distance from a seed, ``referrer`` the page it was
-    found on, ``redirect_chain`` the URLs that redirected to it.
+    found on, ``redirect_chain`` the URLs that redirected to it, ``kind``
+    ``page`` or ``sitemap`` (a sitemap's URLs are pushed, not its links).
     """
 
     url: str
@@ -57,6 +65,7 @@ class Entry:
     depth: int = 0
     referrer: str | None = None
     redirect_chain: tuple[str, ...] = ()
+    kind: str = "page"
 
     def to_payload(self) -> bytes:
         """Compact JSON with the schema version."""
@@ -65,6 +74,8 @@ class Entry:
             d["r"] = self.referrer
         if self.redirect_chain:
             d["rc"] = list(self.redirect_chain)
+        if self.kind != "page":
+            d["k"] = self.kind
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @classmethod
@@ -78,27 +89,57 @@ class Entry:
         if not isinstance(d, dict) or d.get("v") != ENTRY_VERSION:
             raise ValueError(f"unsupported entry payload version {d.get('v') if isinstance(d, dict) else None!r}")
         return cls(url=d["u"], canonical=d["c"], depth=int(d.get("d", 0)),
-                   referrer=d.get("r"), redirect_chain=tuple(d.get("rc", ())))
+                   referrer=d.get("r"), redirect_chain=tuple(d.get("rc", ())), kind=d.get("k", "page"))
 
 
 @dataclass(frozen=True)
 class Claim:
     """A claimed entry: ``token`` identifies the claim (ack/nack/extend),
-    ``attempts`` counts claims of this entry including this one."""
+    ``attempts`` counts claims of this entry including this one, ``mode`` is
+    "" for a URL to fetch, else why it is to be recorded without a fetch."""
 
     shard: int
     token: bytes
     attempts: int
     payload: bytes
+    mode: str = ""
+
+
+class PushItem(NamedTuple):
+    """One URL to push: ``fp`` its fingerprint, ``pkey`` its politeness key,
+    ``host`` its host name (page budget), ``vkey`` host+path when it has a
+    query ("" otherwise; query-variant limit), ``mode`` "" to fetch it or a
+    skip reason, ``payload`` the :class:`Entry` JSON."""
+
+    fp: bytes
+    pkey: str
+    host: str
+    vkey: str
+    mode: str
+    payload: bytes
+
+
+class HostReport(NamedTuple):
+    """How a fetch went for its politeness key, for the claim script:
+    ``code`` "o" success, "f" failure (``value`` = jitter in [0, 1)), "r"
+    Retry-After (``value`` = seconds), "h" hold for ``value`` seconds
+    without counting a failure, "p" give the host up now; ``reason`` is
+    kept if the host is given up."""
+
+    pkey: str
+    code: str
+    value: float
+    reason: str
 
 
 @dataclass(frozen=True)
 class ShardSnapshot:
     """Counts of one shard read atomically (MULTI/EXEC).
 
-    ``queued`` entries waiting, ``scheduled`` politeness keys on the
-    schedule, ``claimed`` claims outstanding, ``dead`` dead-letter list
-    length, ``stats`` the shard's monotonic counters.
+    ``queued`` entries waiting to be fetched, ``scheduled`` politeness keys
+    on the schedule, ``claimed`` claims outstanding, ``dead`` dead-letter
+    list length, ``stats`` the shard's monotonic counters, ``skips`` URLs
+    waiting to be recorded without a fetch.
     """
 
     shard: int
@@ -108,14 +149,16 @@ class ShardSnapshot:
     dead: int
     stats: dict[str, int] = field(default_factory=dict)
 
+    skips: int = 0
+
     @property
     def idle(self) -> bool:
-        """Nothing queued and nothing claimed."""
-        return self.queued == 0 and self.claimed == 0
+        """Nothing queued (to fetch or to record) and nothing claimed."""
+        return self.queued == 0 and self.claimed == 0 and self.skips == 0
 
-    def activity(self) -> tuple[int, int]:
-        """Counters that move whenever work enters or leaves the queue."""
-        return (self.stats.get("pushed", 0), self.stats.get("claimed", 0))
+    def activity(self) -> tuple[int, int, int]:
+        """Counters that move whenever work enters or leaves the queues."""
+        return (self.stats.get("pushed", 0), self.stats.get("skip_pushed", 0), self.stats.get("claimed", 0))
 
 
 def crawl_finished(prev: Sequence[ShardSnapshot] | None, cur: Sequence[ShardSnapshot]) -> bool:
@@ -148,40 +191,56 @@ class Frontier:
         self.config = config
         self._scripts = {name: client.register_script(load_script_source(name)) for name in _SCRIPTS}
         self._keys = [keys.shard_keys(config.crawl_id, s).all() for s in range(config.num_shards)]
-        self._T = int(round(config.emission_interval_ms * 1000))
-        self._tau = int(round(config.burst_tolerance_ms * 1000))
-        self._cap = config.max_inflight_per_host
+        # ARGV[1..3] of every script: T0 (us), burst - 1, in-flight cap
+        self._common = [int(round(config.emission_interval_ms * 1000)), config.burst - 1.0,
+                        config.max_inflight_per_host]
         self._vt = int(config.visibility_timeout_s * 1_000_000)
+        self._backoff = [int(config.backoff_base_s * 1e6), int(config.backoff_max_s * 1e6),
+                         config.host_max_failures]
 
     def keys(self, shard: int) -> list[str]:
         """The KEYS list of ``shard``."""
         return self._keys[shard]
 
+    def _run(self, name: str, shard: int, args: list[Any], client: Any = None) -> Any:
+        return self._scripts[name](keys=self._keys[shard], args=[*self._common, *args],
+                                   client=client or self.client)
+
     # -- transitions ---------------------------------------------------
-    def push(self, shard: int, items: Iterable[tuple[bytes, str, bytes]], client: Any = None) -> int:
-        """Push ``(fingerprint, politeness_key, payload)`` items into ``shard``.
+    def push(self, shard: int, items: Iterable[PushItem], client: Any = None) -> tuple[int, int, int]:
+        """Push URLs into ``shard``: ``(queued, recorded, duplicates)``.
 
-        Items whose fingerprint the shard has seen are dropped.  Returns the
-        number added (with ``client`` a pipeline, the pipeline's result).
+        URLs to fetch whose fingerprint the shard has queued before are
+        duplicates; URLs over the page budget or query-variant limit become
+        URLs to record; URLs pushed with a mode are recorded once, unless
+        queued for fetching.  With ``client`` a pipeline, returns that.
         """
-        args: list[Any] = [self._tau, self._cap]
-        for fp, pkey, payload in items:
-            args += (fp, pkey, payload)
+        args: list[Any] = [self.config.max_pages_per_host, self.config.max_query_variants]
+        for it in items:
+            args += it
         if len(args) == 2:
-            return 0
-        return self._scripts["push"](keys=self._keys[shard], args=args, client=client or self.client)
+            return (0, 0, 0)
+        r = self._run("push", shard, args, client)
+        return r if client is not None else tuple(int(x) for x in r)
 
-    def claim(self, shard: int, n: int, fetched: Sequence[bytes] = ()) -> tuple[float, list[Claim]]:
-        """Claim up to ``n`` due entries of ``shard``.
+    def claim(self, shard: int, n: int, fetched: Sequence[bytes] = (),
+              reports: Sequence[HostReport] = ()) -> tuple[float, list[Claim]]:
+        """Claim up to ``n`` entries of ``shard``: URLs to record first,
+        then URLs of due politeness keys.
 
         ``fetched`` are tokens of claims whose fetch is over: their
         in-flight slots are given back first, in the same call (idempotent).
+        ``reports`` apply host outcomes (backoff, parking) before claiming.
         Returns ``(wait_s, claims)``: ``wait_s`` is the time until the next
         politeness key is due (-1.0 when none is scheduled).
         """
-        r = self._scripts["claim"](keys=self._keys[shard],
-                                   args=[n, self._T, self._tau, self._cap, self._vt, *fetched])
-        claims = [Claim(shard, r[i], int(r[i + 1]), r[i + 2]) for i in range(1, len(r), 3)]
+        args: list[Any] = [n, self._vt, len(fetched), *fetched, *self._backoff]
+        for rep in reports:
+            value = int(rep.value * 1e6) if rep.code in ("r", "h") else rep.value
+            args += (rep.pkey, rep.code, value, rep.reason[:300])
+        r = self._run("claim", shard, args)
+        claims = [Claim(shard, r[i], int(r[i + 1]), r[i + 3], r[i + 2].decode("utf-8", "replace"))
+                  for i in range(1, len(r), 4)]
         wait = int(r[0])
         return (wait / 1e6 if wait >= 0 else -1.0), claims
 
@@ -189,30 +248,39 @@ class Frontier:
         """Ack claims of ``shard``; returns how many were still claimed."""
         if not tokens:
             return 0
-        return self._scripts["ack"](keys=self._keys[shard], args=[self._tau, self._cap, *tokens],
-                                    client=client or self.client)
+        return self._run("ack", shard, list(tokens), client)
 
-    def nack(self, shard: int, token: bytes, delay_s: float, error: str) -> int:
+    def nack(self, shard: int, token: bytes, error: str, count: bool = True) -> int:
         """Give a claim back: 1 requeued, 2 dead-lettered, 0 not claimed.
 
-        The entry's politeness key is not fetched again for ``delay_s``.
+        With ``count`` false the attempt does not count toward
+        ``max_attempts`` (the URL was deferred, not tried).
         """
-        return self._scripts["nack"](keys=self._keys[shard], args=[
-            self._tau, self._cap, self.config.max_attempts, token, int(delay_s * 1e6), error[:500]])
+        return self._run("nack", shard, [self.config.max_attempts, token, error[:500], "1" if count else "0"])
 
     def extend(self, shard: int, tokens: Sequence[bytes]) -> int:
         """Heartbeat: extend the visibility deadline of held claims."""
         if not tokens:
             return 0
-        return self._scripts["extend"](keys=self._keys[shard], args=[self._vt, *tokens])
+        return self._run("extend", shard, [self._vt, *tokens])
 
     def reclaim(self, shard: int, limit: int = 1000) -> tuple[int, int]:
         """Return expired claims; ``(requeued, dead_lettered)``."""
-        r = self._scripts["reclaim"](keys=self._keys[shard], args=[
-            self._tau, self._cap, self.config.max_attempts, limit])
+        r = self._run("reclaim", shard, [self.config.max_attempts, limit])
         return int(r[0]), int(r[1])
 
-    def commit(self, pushes: dict[int, list[tuple[bytes, str, bytes]]], acks: dict[int, list[bytes]]) -> int:
+    def reserve(self, shard: int, pkey: str) -> float:
+        """Book one more request to ``pkey``; returns seconds to wait before
+        sending it."""
+        return int(self._run("reserve", shard, [pkey])) / 1e6
+
+    def slow_down(self, shard: int, pkey: str, interval_s: float) -> float:
+        """Make ``pkey``'s interval between requests at least
+        ``interval_s`` (robots.txt Crawl-delay); returns the interval in
+        force, in seconds."""
+        return int(self._run("rate", shard, [pkey, int(interval_s * 1e6)])) / 1e6
+
+    def commit(self, pushes: dict[int, list[PushItem]], acks: dict[int, list[bytes]]) -> int:
         """Push discovered links, then ack finished claims, in one round trip.
 
         A pipeline on one connection runs its commands in order, so every
@@ -236,10 +304,10 @@ class Frontier:
         """Atomic counts of ``shard`` (one MULTI/EXEC)."""
         k = keys.shard_keys(self.config.crawl_id, shard)
         pipe = self.client.pipeline(transaction=True)
-        pipe.zcard(k.queue).zcard(k.sched).zcard(k.claimed).llen(k.dead).hgetall(k.stats)
-        queued, scheduled, claimed, dead, stats = pipe.execute()
+        pipe.zcard(k.queue).zcard(k.sched).zcard(k.claimed).llen(k.dead).hgetall(k.stats).llen(k.skips)
+        queued, scheduled, claimed, dead, stats, skips = pipe.execute()
         return ShardSnapshot(shard, queued, scheduled, claimed, dead,
-                             {kk.decode(): int(v) for kk, v in stats.items()})
+                             {kk.decode(): int(v) for kk, v in stats.items()}, skips)
 
     def snapshots(self) -> list[ShardSnapshot]:
         """:meth:`snapshot` of every shard, in shard order."""

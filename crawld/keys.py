@@ -23,8 +23,18 @@ claims     hash     claim token -> ``pkey \\x1f attempts \\x1f payload``
 seen       set      64-bit fingerprints of canonical URLs ever pushed
 dead       list     dead-lettered entries (JSON with reason)
 stats      hash     monotonic counters: pushed, dup, claimed, acked, nacked,
-                    reclaimed, dead
+                    reclaimed, dead, skipped, ...
 seq        string   counter for queue order and claim tokens
+skips      list     URLs to record without fetching, ``reason \x1f payload``
+                    (out of scope, over depth, over budget, ...)
+skipseen   set      fingerprints ever pushed to ``skips`` (one row per URL)
+rates      hash     politeness key -> GCRA emission interval (microseconds)
+                    when robots.txt Crawl-delay makes it slower than the crawl's
+fails      hash     politeness key -> failures in a row (5xx, 429, connection)
+parked     hash     politeness key -> why the host was given up
+budget     hash     host name -> URLs queued (max_pages_per_host)
+variants   hash     host name + path -> distinct queries queued
+robots     hash     origin (scheme://host:port) -> robots.txt cache entry (JSON)
 ========== ======== ==========================================================
 """
 
@@ -42,7 +52,8 @@ CRAWL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: the order in which frontier scripts receive the shard keys (KEYS[1..n]).
 SHARD_KEY_NAMES = (
     "queue", "sched", "gcra", "inflight", "claimed", "claims",
-    "seen", "dead", "stats", "seq",
+    "seen", "dead", "stats", "seq", "skips", "skipseen", "rates",
+    "fails", "parked", "budget", "variants", "robots",
 )
 
 
@@ -74,6 +85,14 @@ class ShardKeys:
     dead: str
     stats: str
     seq: str
+    skips: str
+    skipseen: str
+    rates: str
+    fails: str
+    parked: str
+    budget: str
+    variants: str
+    robots: str
 
     def all(self) -> list[str]:
         """All keys in :data:`SHARD_KEY_NAMES` order, as Lua's KEYS expect."""

@@ -3,6 +3,14 @@
 Layout under the crawl's output directory::
 
     parts/<crawl_id>/shard-<NNNN>/part-<UTC time>-<hostname>-<pid>-<n>.ndjson
+    parts/<crawl_id>/shard-<NNNN>/skip-<UTC time>-<hostname>-<pid>-<n>.ndjson
+    parts/<crawl_id>/shard-<NNNN>/dead-letters.ndjson
+
+``part-`` files hold the rows of URLs worked on (fetched, redirected,
+failed, blocked at fetch time), ``skip-`` files the rows of URLs recorded
+without a fetch (out of scope, over depth, ...), ``dead-letters`` the
+dead-lettered ones.  :func:`list_parts` returns them in that order, which is
+the merge's order of preference when a URL has rows of several kinds.
 
 A part being written ends in ``.ndjson.open`` and is renamed to
 ``.ndjson`` when closed (size or age rotation, or worker exit).  Rows are
@@ -49,13 +57,23 @@ def shard_dir(output: str | os.PathLike, crawl_id: str, shard: int) -> Path:
     return parts_dir(output, crawl_id) / f"shard-{shard:04d}"
 
 
+#: file name prefixes, in the merge's order of preference
+PART_KINDS = ("part", "dead-letters", "skip")
+
+
 def list_parts(output: str | os.PathLike, crawl_id: str) -> list[Path]:
-    """Every part of a crawl, closed or still open, in a stable order."""
+    """Every part of a crawl, closed or still open: fetch parts, then
+    dead letters, then skip parts, each group sorted."""
     root = parts_dir(output, crawl_id)
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("shard-*/part-*") if p.name.endswith((CLOSED_SUFFIX, OPEN_SUFFIX))]
-    return sorted(found)
+    found = [p for p in root.glob("shard-*/*") if p.name.endswith((CLOSED_SUFFIX, OPEN_SUFFIX))
+             and p.name.split("-", 1)[0] in ("part", "skip", "dead")]
+
+    def rank(p: Path) -> tuple[int, str]:
+        kind = 1 if p.name.startswith("dead-letters") else (2 if p.name.startswith("skip-") else 0)
+        return kind, str(p)
+    return sorted(found, key=rank)
 
 
 class PartWriter:
@@ -71,7 +89,10 @@ class PartWriter:
 
     def __init__(self, output: str | os.PathLike, crawl_id: str, shard: int,
                  max_bytes: int = 64 * 1024 * 1024, max_age_s: float = 300.0,
-                 sync: Callable[[int], Any] = os.fdatasync):
+                 sync: Callable[[int], Any] = os.fdatasync, kind: str = "part"):
+        if kind not in ("part", "skip"):
+            raise ValueError(f"part kind must be 'part' or 'skip', not {kind!r}")
+        self.kind = kind
         self.dir = shard_dir(output, crawl_id, shard)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -87,7 +108,7 @@ class PartWriter:
     def _open(self) -> None:
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        name = f"part-{stamp}-{socket.gethostname()}-{os.getpid()}-{self._seq:05d}{OPEN_SUFFIX}"
+        name = f"{self.kind}-{stamp}-{socket.gethostname()}-{os.getpid()}-{self._seq:05d}{OPEN_SUFFIX}"
         self._path = self.dir / name
         self._file = open(self._path, "ab", buffering=0)
         self._size = 0
@@ -146,9 +167,8 @@ class PartWriter:
 
 
 #: name of the part holding a shard's dead-lettered entries; rewritten whole
-#: at each export, and sorted after the shard's other parts so that a row
-#: from a real fetch wins over a dead letter of the same URL at merge.
-DEAD_LETTER_PART = "part-zz-dead-letters" + CLOSED_SUFFIX
+#: at each export (see :func:`list_parts` for its place in the merge order).
+DEAD_LETTER_PART = "dead-letters" + CLOSED_SUFFIX
 
 
 def write_dead_letter_part(output: str | os.PathLike, crawl_id: str, shard: int,

@@ -9,10 +9,21 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
 * ``fetched``   a response arrived (any status that is not a redirect);
 * ``redirect``  a 3xx with a Location; ``final_url`` is where it points,
                 and that URL has its own row (when in scope);
-* ``error``     no usable response; ``error`` says why;
+* ``error``     no usable response; ``error`` says why (``connect: ...``,
+                ``timeout: ...``, ``deadline: ...``, ``protocol: ...``,
+                ``bad_redirect: ...``, ``redirect_loop: ...``, ...);
+* ``blocked``   not fetched on the site's or the operator's word:
+                ``robots_disallowed``, ``robots_unreachable: ...``,
+                ``address_blocked: ...``;
+* ``skipped``   not fetched by the crawl's limits: ``out_of_scope``,
+                ``over_depth``, ``over_budget``, ``too_many_query_variants``,
+                ``url_too_long``, ``path_loop``, ``nofollow``,
+                ``host_parked: ...`` (in ``error``);
 * ``dead_letter`` the URL was given up after ``max_attempts`` claims (its
                 worker kept dying, or it kept failing); ``error`` is the
                 reason and ``fetched_at`` when it was given up.
+
+For rows not fetched, ``fetched_at`` is when the decision was recorded.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ SCHEMA = pa.schema([
     pa.field("title", pa.string()),
     pa.field("meta_robots", pa.string()),
     pa.field("canonical_link", pa.string()),
+    pa.field("x_robots_tag", pa.string()),
     pa.field("depth", pa.int32()),
     pa.field("referrer", pa.string()),
     pa.field("outlinks", pa.list_(pa.string())),
@@ -56,6 +68,15 @@ NDJSON_SCHEMA = pa.schema([
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
+#: skip reasons (the ``mode`` of a frontier entry) whose row is ``blocked``
+#: rather than ``skipped``
+BLOCKED_MODES = ("robots_disallowed", "robots_unreachable", "address_blocked")
+
+
+def outcome_of_mode(mode: str) -> str:
+    """``blocked`` or ``skipped`` for a URL recorded without a fetch."""
+    return "blocked" if mode.startswith(BLOCKED_MODES) else "skipped"
+
 
 def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard: int, attempt: int,
              depth: int, referrer: str | None, host: str, fetched_at: float, response_ms: float,
@@ -63,7 +84,8 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
              redirect_chain: tuple[str, ...] | list[str] = (), content_type: str | None = None,
              content_length: int | None = None, truncated: bool = False, title: str | None = None,
              meta_robots: str | None = None, canonical_link: str | None = None,
-             outlinks: list[str] | None = None, error: str | None = None) -> dict[str, Any]:
+             x_robots_tag: str | None = None, outlinks: list[str] | None = None,
+             error: str | None = None) -> dict[str, Any]:
     """A row as a dict ready for NDJSON; ``fetched_at`` in Unix seconds."""
     return {
         "crawl_id": crawl_id,
@@ -79,6 +101,7 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
         "title": title,
         "meta_robots": meta_robots,
         "canonical_link": canonical_link,
+        "x_robots_tag": x_robots_tag,
         "depth": depth,
         "referrer": referrer,
         "outlinks": outlinks or [],

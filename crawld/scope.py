@@ -9,6 +9,7 @@ on every page, so most lookups are cache hits.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from .config import CrawlConfig
@@ -39,6 +40,32 @@ def scope_keys(config: CrawlConfig) -> frozenset[str]:
     for d in config.allow_domains:
         ks.add(politeness_key(d))
     return frozenset(ks)
+
+
+def trap_reason(canonical_url: str, max_url_length: int, max_path_repeats: int) -> str | None:
+    """Why a URL looks like a crawler trap, or None.
+
+    ``url_too_long`` past ``max_url_length`` characters; ``path_loop``
+    when one path segment repeats more than ``max_path_repeats`` times
+    (relative-link loops such as ``/a/b/a/b/a/b/...``).
+    """
+    if len(canonical_url) > max_url_length:
+        return "url_too_long"
+    parts = canonical_url.split("/", 3)
+    if len(parts) == 4:
+        path = parts[3].split("?", 1)[0]
+        segments = [seg for seg in path.split("/") if seg]
+        if len(segments) > max_path_repeats and Counter(segments).most_common(1)[0][1] > max_path_repeats:
+            return "path_loop"
+    return None
+
+
+def variant_key(canonical_url: str) -> str:
+    """``host/path`` of a URL with a query (counted against
+    ``max_query_variants``), or "" for a URL without one."""
+    if "?" not in canonical_url:
+        return ""
+    return canonical_url.split("://", 1)[-1].split("?", 1)[0]
 
 
 class Router:

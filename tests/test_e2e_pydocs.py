@@ -51,9 +51,13 @@ def test_coverage_of_reachable_pages_is_at_least_99_percent(pydocs_crawl, pydocs
 
 
 def test_no_url_fetched_twice_by_the_server_count(pydocs_crawl):
-    twice = {k: n for k, n in pydocs_crawl["counts"].items() if n > 1}
+    counts = pydocs_crawl["counts"]
+    twice = {k: n for k, n in counts.items() if n > 1}
     assert not twice, f"fetched more than once: {list(twice.items())[:10]}"
-    assert sum(pydocs_crawl["counts"].values()) == len(pydocs_crawl["rows"])
+    fetched_rows = [r for r in pydocs_crawl["rows"] if r["status"] is not None]
+    # every request is a row, plus the one robots.txt request
+    assert counts[(PYDOCS_HOST, "/robots.txt")] == 1
+    assert sum(counts.values()) == len(fetched_rows) + 1
 
 
 def test_artifact_has_one_row_per_url(pydocs_crawl):
@@ -80,6 +84,18 @@ def test_queue_depth_and_claimed_set_are_zero_at_the_end(pydocs_crawl, run_crawl
     for snap in Frontier(client, config).snapshots():
         assert snap.queued == 0 and snap.claimed == 0 and snap.dead == 0
         assert client.hlen(keys.shard_keys("e2e-pydocs", snap.shard).claims) == 0
+
+
+def test_links_not_fetched_are_accounted_for(pydocs_crawl):
+    rows = pydocs_crawl["rows"]
+    by_url = {r["canonical_url"]: r for r in rows}
+    skipped = [r for r in rows if r["outcome"] == "skipped"]
+    assert skipped and all(r["error"] == "out_of_scope" and r["status"] is None for r in skipped)
+    # every outlink of every fetched page has a row of its own
+    missing = {link for r in rows for link in (r["outlinks"] or []) if link not in by_url}
+    assert not missing, sorted(missing)[:10]
+    ext = by_url.get("https://www.python.org/")
+    assert ext is not None and ext["outcome"] == "skipped" and ext["host"] == "www.python.org"
 
 
 def test_summary_reports_the_crawl(pydocs_crawl):

@@ -22,4 +22,4 @@ def test_requests_go_through_the_proxy(how, tmp_path, redis_server, rds):
         summary = summary_of(crawlctl(*args, env=env))
         hits = srv.hits()
     assert summary["rows"] == 6 and summary["statuses"] == {"2xx": 6}
-    assert {h.host for h in hits} == {"www.proxied-site.com"} and len(hits) == 6
+    assert {h.host for h in hits} == {"www.proxied-site.com"} and len(hits) == 6 + 1  # + robots.txt

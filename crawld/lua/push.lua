@@ -1,23 +1,48 @@
--- push: add entries to the frontier if never seen before (dedup and enqueue
--- in one atomic step).
+-- push: add URLs to the frontier.  A URL to fetch (mode "") is queued if
+-- its fingerprint was never queued before (dedup and enqueue in one atomic
+-- step), unless its host is over its page budget or its host+path over its
+-- query-variant limit: then it becomes a URL to record without fetching.
+-- A URL pushed with a skip reason (mode ~= "") is queued on the skips list
+-- once, and only if it was never queued for fetching.
 --
--- ARGV[1] tau      GCRA burst tolerance (microseconds)
--- ARGV[2] cap      per-pkey in-flight cap
--- ARGV[3..]        triples: fingerprint, pkey, payload (JSON)
--- Returns the number of entries added (the others were duplicates).
+-- ARGV[4] max_pages_per_host   (0 = no limit)
+-- ARGV[5] max_query_variants   (0 = no limit)
+-- ARGV[6..] groups of 6: fingerprint, pkey, host, variant key ("" when the
+--           URL has no query), mode, payload (JSON)
+-- Returns {queued, recorded, duplicates}.
 local now = now_us()
-local tau = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local added = 0
-for i = 3, #ARGV, 3 do
-  if redis.call('SADD', KEYS[7], ARGV[i]) == 1 then
-    local pkey = ARGV[i + 1]
-    enqueue(pkey, 0, ARGV[i + 2])
-    schedule(pkey, now, tau, cap)
-    added = added + 1
+local max_pages = tonumber(ARGV[4])
+local max_variants = tonumber(ARGV[5])
+local queued, skipped, dup = 0, 0, 0
+for i = 6, #ARGV, 6 do
+  local fp, pkey, host, vkey, mode, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  if mode == '' then
+    if redis.call('SADD', KEYS[7], fp) == 1 then
+      if max_pages > 0 and redis.call('HINCRBY', KEYS[16], host, 1) > max_pages then
+        mode = 'over_budget'
+      elseif vkey ~= '' and max_variants > 0 and redis.call('HINCRBY', KEYS[17], vkey, 1) > max_variants then
+        mode = 'too_many_query_variants'
+      else
+        enqueue(pkey, 0, '', payload)
+        schedule(pkey, now)
+        queued = queued + 1
+      end
+      if mode ~= '' then
+        redis.call('SADD', KEYS[12], fp)
+        redis.call('RPUSH', KEYS[11], mode .. SEP .. payload)
+        skipped = skipped + 1
+      end
+    else
+      dup = dup + 1
+    end
+  elseif redis.call('SISMEMBER', KEYS[7], fp) == 0 and redis.call('SADD', KEYS[12], fp) == 1 then
+    redis.call('RPUSH', KEYS[11], mode .. SEP .. payload)
+    skipped = skipped + 1
+  else
+    dup = dup + 1
   end
 end
-local n = (#ARGV - 2) / 3
-if added > 0 then redis.call('HINCRBY', KEYS[9], 'pushed', added) end
-if n > added then redis.call('HINCRBY', KEYS[9], 'dup', n - added) end
-return added
+if queued > 0 then redis.call('HINCRBY', KEYS[9], 'pushed', queued) end
+if skipped > 0 then redis.call('HINCRBY', KEYS[9], 'skip_pushed', skipped) end
+if dup > 0 then redis.call('HINCRBY', KEYS[9], 'dup', dup) end
+return {queued, skipped, dup}

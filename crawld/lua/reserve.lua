@@ -1,0 +1,20 @@
+-- reserve: book one more request to a politeness key than its claims
+-- account for (a robots.txt fetch takes the slot of the claim that needed
+-- it, so the page itself needs another).  Charges GCRA as a claim does and
+-- says how long to wait before the booked request conforms.
+--
+-- ARGV[4] pkey
+-- Returns the wait in microseconds (0: go now).
+local now = now_us()
+local pkey = ARGV[4]
+local T, tau = interval(pkey)
+local tat = tonumber(redis.call('HGET', KEYS[3], pkey) or 0)
+local wait = tat - tau - now
+if wait < 0 then wait = 0 end
+if tat < now then tat = now end
+tat = tat + T
+redis.call('HSET', KEYS[3], pkey, tat)
+if redis.call('ZSCORE', KEYS[2], pkey) then
+  redis.call('ZADD', KEYS[2], 'GT', tat - tau, pkey)
+end
+return math.floor(wait)

@@ -1,0 +1,200 @@
+"""robots.txt: fetch once per origin, cache in Redis, decide per URL.
+
+Policy, after RFC 9309 (Robots Exclusion Protocol) section 2.3.1 and what
+the major crawlers do:
+
+* 2xx: the rules apply (parsed by protego); the file is cut at 500 KiB;
+* 4xx (and more than 5 redirects): "unavailable", everything is allowed;
+* 5xx, time-outs and connection errors: "unreachable", the origin is treated
+  as fully disallowed for now; its URLs wait and the file is fetched again
+  after ``robots_retry_s``; after ``robots_max_failures`` failures in a row
+  the origin's URLs are recorded as blocked (never silently allowed);
+* a fetched file is trusted for ``robots_ttl_s`` (RFC 9309 suggests at
+  most 24 hours) before it is fetched again.
+
+The cache entry of an origin lives in its shard's ``robots`` hash (JSON),
+so every worker and restart of the fleet shares one fetch.  Within a worker
+one greenlet fetches an origin's file while the others wait on it (gevent
+``AsyncResult``), as Scrapy's robots.txt middleware does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gevent.event
+import redis
+from protego import Protego
+
+#: robots.txt bodies are cut here (Google's limit: 500 KiB)
+MAX_ROBOTS_BYTES = 500 * 1024
+
+RULES, ALLOW_ALL, UNREACHABLE = "rules", "allow_all", "unreachable"
+
+
+def classify(status: int | None, error_kind: str | None) -> str:
+    """The state of an origin from its robots.txt fetch (RFC 9309 2.3.1)."""
+    if status is None:
+        return ALLOW_ALL if error_kind == "redirects" else UNREACHABLE
+    if 200 <= status < 300:
+        return RULES
+    if 300 <= status < 500:
+        return ALLOW_ALL  # 4xx, or a redirect chain that did not end
+    return UNREACHABLE
+
+
+def agent_token(user_agent: str) -> str:
+    """The product token robots.txt groups are matched against:
+    ``crawld/0.1 (+https://...)`` -> ``crawld``."""
+    return user_agent.split("/", 1)[0].split()[0] if user_agent.strip() else "*"
+
+
+@dataclass
+class RobotsRecord:
+    """What is cached for an origin: the fetch's time (Unix s), status,
+    body (cut at :data:`MAX_ROBOTS_BYTES`), error, and failures in a row."""
+
+    fetched_at: float
+    status: int | None
+    body: str = ""
+    error: str | None = None
+    error_kind: str | None = None
+    failures: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"v": 1, "t": self.fetched_at, "s": self.status, "b": self.body, "e": self.error,
+                           "k": self.error_kind, "n": self.failures}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "RobotsRecord":
+        d = json.loads(raw)
+        return cls(float(d["t"]), d.get("s"), d.get("b") or "", d.get("e"), d.get("k"), int(d.get("n") or 0))
+
+
+@dataclass
+class RobotsPolicy:
+    """An origin's parsed robots.txt and what follows from it."""
+
+    record: RobotsRecord
+    agent: str
+    state: str = ""
+    parser: Protego | None = None
+    crawl_delay_s: float | None = None
+    sitemaps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = classify(self.record.status, self.record.error_kind)
+        if self.state == RULES:
+            try:
+                self.parser = Protego.parse(self.record.body)
+            except Exception:  # noqa: BLE001 - a garbage file is an empty rule set
+                self.parser = Protego.parse("")
+            delay = self.parser.crawl_delay(self.agent)
+            rate = self.parser.request_rate(self.agent)
+            if rate is not None and rate.requests:
+                per = rate.seconds / rate.requests
+                delay = max(delay or 0.0, per)
+            self.crawl_delay_s = float(delay) if delay else None
+            self.sitemaps = list(self.parser.sitemaps)
+
+    def allowed(self, url: str) -> bool:
+        """May ``url`` be fetched?  (False while the origin is unreachable.)"""
+        if self.state == RULES:
+            assert self.parser is not None
+            return bool(self.parser.can_fetch(url, self.agent))
+        return self.state == ALLOW_ALL
+
+    def fresh(self, now: float, ttl_s: float, retry_s: float) -> bool:
+        """Is the cached answer still good at ``now`` (Unix s)?"""
+        age = now - self.record.fetched_at
+        return age < (retry_s if self.state == UNREACHABLE else ttl_s)
+
+
+class RobotsCache:
+    """robots.txt of the origins of one shard, for one worker.
+
+    ``fetch_body(url) -> (status, body, error, error_kind)`` performs the
+    HTTP request (following up to 5 redirects, body cut at 500 KiB);
+    ``robots_key`` is the shard's ``robots`` hash.  Raises
+    ``redis.RedisError`` when Redis fails.
+    """
+
+    def __init__(self, client: redis.Redis, robots_key: str, agent: str, ttl_s: float, retry_s: float,
+                 fetch_body: Callable[[str], tuple[int | None, str, str | None, str | None]],
+                 max_local: int = 10_000):
+        self.client = client
+        self.key = robots_key
+        self.agent = agent
+        self.ttl_s = ttl_s
+        self.retry_s = retry_s
+        self._fetch_body = fetch_body
+        self._local: dict[str, RobotsPolicy] = {}
+        self._pending: dict[str, gevent.event.AsyncResult] = {}
+        self._max_local = max_local
+
+    def cached(self, origin: str) -> RobotsPolicy | None:
+        """The fresh policy of ``origin`` from memory or Redis, else None."""
+        now = time.time()
+        pol = self._local.get(origin)
+        if pol is not None and pol.fresh(now, self.ttl_s, self.retry_s):
+            return pol
+        raw = self.client.hget(self.key, origin)
+        if raw is None:
+            return None
+        try:
+            pol = RobotsPolicy(RobotsRecord.from_json(raw), self.agent)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not pol.fresh(now, self.ttl_s, self.retry_s):
+            return None
+        self._remember(origin, pol)
+        return pol
+
+    def known(self, origin: str) -> RobotsPolicy | None:
+        """The policy of ``origin`` if this worker holds a fresh one
+        (memory only, no Redis round trip)."""
+        pol = self._local.get(origin)
+        if pol is not None and pol.fresh(time.time(), self.ttl_s, self.retry_s):
+            return pol
+        return None
+
+    def _remember(self, origin: str, pol: RobotsPolicy) -> None:
+        if len(self._local) >= self._max_local:
+            self._local.clear()
+        self._local[origin] = pol
+
+    def fetch(self, origin: str) -> tuple[RobotsPolicy, bool]:
+        """Fetch ``origin``'s robots.txt (once, if several greenlets ask).
+
+        Returns ``(policy, fetched_here)``: ``fetched_here`` is True for the
+        one caller whose request went out (it used its politeness slot).
+        """
+        waiting = self._pending.get(origin)
+        if waiting is not None:
+            return waiting.get(), False
+        result = self._pending[origin] = gevent.event.AsyncResult()
+        try:
+            previous = self.client.hget(self.key, origin)
+            failures = 0
+            if previous is not None:
+                try:
+                    failures = RobotsRecord.from_json(previous).failures
+                except (ValueError, KeyError, TypeError):
+                    failures = 0
+            status, body, error, kind = self._fetch_body(origin + "/robots.txt")
+            state = classify(status, kind)
+            rec = RobotsRecord(time.time(), status, body if state == RULES else "", error, kind,
+                               failures + 1 if state == UNREACHABLE else 0)
+            self.client.hset(self.key, origin, rec.to_json())
+            pol = RobotsPolicy(rec, self.agent)
+            self._remember(origin, pol)
+            result.set(pol)
+            return pol, True
+        except BaseException as exc:
+            result.set_exception(exc)
+            raise
+        finally:
+            self._pending.pop(origin, None)
