@@ -481,7 +481,7 @@ def diagnose(web: dict[str, list[str]], r: dict, info: dict) -> None:
                 peaks[label] = max(peaks[label], d / dt)
             m = smp.machine_busy[j] - smp.machine_busy[j - 4]
             peaks["(machine)"] = max(peaks["(machine)"], m / dt)
-            peaks["(other processes)"] = max(peaks["(other processes)"], (m - tracked) / dt)
+            peaks["(else)"] = max(peaks["(else)"], (m - tracked) / dt)
         j0 = next((j for j, t in enumerate(st) if t >= info["first"]), 0)
         j1 = max((j for j, t in enumerate(st) if t <= info["last"]), default=len(st) - 1)
         if j1 > j0:

@@ -63,11 +63,11 @@ class AddressPolicy:
         addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
+        if addr.version == 4 and addr == ipaddress.IPv4Address("255.255.255.255"):
+            return f"{addr} is broadcast"
         for net, what in ALWAYS_BLOCKED:
             if addr.version == net.version and addr in net:
                 return f"{addr} is {what} ({net})"
-        if addr.version == 4 and addr == ipaddress.IPv4Address("255.255.255.255"):
-            return f"{addr} is broadcast"
         for net in LOOPBACK:
             if addr.version == net.version and addr in net and not self.allow_loopback:
                 return f"{addr} is loopback ({net}); allow_loopback is off"

@@ -88,7 +88,9 @@ class Hit:
 
 class SiteServer(ThreadingHTTPServer):
     """The server; ``sites`` maps host -> directory, ``synthetic`` host ->
-    :class:`SyntheticSite`.  ``delay_s`` is added before every response.
+    :class:`SyntheticSite`, ``files`` (host, path) -> (status, body,
+    content type) for single documents served before either (robots.txt,
+    sitemaps).  ``delay_s`` is added before every response.
 
     Thread-safe accessors: :meth:`hits` (list of :class:`Hit`),
     :meth:`counts` (Counter of ``(host, path)``).
@@ -100,10 +102,12 @@ class SiteServer(ThreadingHTTPServer):
 
     def __init__(self, addr: tuple[str, int], sites: dict[str, str | os.PathLike] | None = None,
                  synthetic: dict[str, SyntheticSite] | None = None, log_path: str | None = None,
-                 delay_s: float = 0.0, handler: Callable | None = None):
+                 delay_s: float = 0.0, handler: Callable | None = None,
+                 files: dict[tuple[str, str], tuple[int, bytes, str]] | None = None):
         self.sites = {h.lower(): Path(d).resolve() for h, d in (sites or {}).items()}
         self.synthetic = {h.lower(): s for h, s in (synthetic or {}).items()}
         self.delay_s = delay_s
+        self.files = {(h.lower(), p): v for (h, p), v in (files or {}).items()}
         self._lock = threading.Lock()
         self._hits: list[Hit] = []
         self._log = open(log_path, "a", buffering=1) if log_path else None
@@ -197,6 +201,9 @@ class SiteHandler(BaseHTTPRequestHandler):
 
     def resolve(self, host: str, path: str) -> tuple[int, bytes, str]:
         """``(status, body, content type)`` for a request."""
+        doc = self.server.files.get((host, path))
+        if doc is not None:
+            return doc
         syn = self.server.synthetic.get(host)
         if syn is not None:
             body = syn.render(host, path)
