@@ -128,11 +128,18 @@ def _guarded_conn(base: type, policy: AddressPolicy) -> type:
             if not allowed:
                 raise BlockedAddress(self, f"address_blocked: {self._dns_host} resolves to {reasons[0]}")
             name = self._dns_host
-            self._dns_host = allowed[0]  # connect to the checked address; Host and SNI keep the name
+            last: Exception | None = None
             try:
-                return super()._new_conn()
+                for addr in dict.fromkeys(allowed):  # each checked address in turn, as create_connection does
+                    self._dns_host = addr  # Host and SNI keep the name
+                    try:
+                        return super()._new_conn()
+                    except NewConnectionError as exc:
+                        last = exc
             finally:
                 self._dns_host = name
+            assert last is not None
+            raise last
     return Guarded
 
 
