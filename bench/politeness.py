@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import shutil
@@ -361,16 +360,17 @@ def diagnose(web: dict[str, list[str]], r: dict, info: dict) -> None:
     st = smp.t
 
     def lost(d: str) -> tuple[float, float, float]:
-        """Time beyond (n-1)*T in the domain's span, split into gaps while its
-        queue was empty (sampled), gaps while entries were queued, and gaps
-        with no sample inside (short, mostly claim latency)."""
+        """Time by which the domain's slow gaps (longer than 1.25/R: jitter of
+        a few ms is not counted) exceeded 1/R, split by the sampled frontier:
+        while its queue was empty (dry: links not discovered yet), while
+        entries were queued (the crawler was late), no sample in the gap."""
         ts = by_domain[d]
         dry = ready = unsampled = 0.0
         i = idx[d]
         k = 0
         for a, b in zip(ts, ts[1:]):
             excess = (b - a) - T
-            if excess <= 0:
+            if excess <= 0.25 * T:
                 continue
             while k < len(st) and st[k] <= a:
                 k += 1
@@ -395,8 +395,8 @@ def diagnose(web: dict[str, list[str]], r: dict, info: dict) -> None:
     # domains that ended last decide the server span
     order = sorted(by_domain, key=lambda d: by_domain[d][-1], reverse=True)
     print("  domains ending last (times in s after crawlctl start; own eff = (n-1)/R / own span; lost = own span"
-          " - (n-1)/R; then the time by which gaps exceeded 1/R, split by the frontier state sampled during the"
-          " gap: its queue empty (dry), entries queued (queued), no sample inside the gap (short)):")
+          " - (n-1)/R; then the time by which slow gaps (> 1.25/R) exceeded 1/R, split by the frontier state"
+          " sampled during the gap: its queue empty (dry), entries queued (queued), no sample inside (short)):")
     print(f"    {'domain':<26}{'hosts':>6}{'reqs':>6}{'first':>8}{'last':>8}{'span':>8}{'own eff':>9}"
           f"{'lost':>7}{'dry':>7}{'queued':>8}{'short':>7}")
     for d in order[:6]:
@@ -404,8 +404,8 @@ def diagnose(web: dict[str, list[str]], r: dict, info: dict) -> None:
         sp = ts[-1] - ts[0]
         dry, ready, uns = lost(d)
         print(f"    {d:<26}{len(web[d]):>6}{len(ts):>6}{ts[0] - t0:>8.2f}{ts[-1] - t0:>8.2f}{sp:>8.1f}"
-              f"{(len(ts) - 1) * T / sp if sp else 0:>9.3f}{sp - (len(ts) - 1) * T:>7.1f}{dry:>7.1f}{ready:>8.1f}"
-              f"{uns:>7.1f}")
+              f"{(len(ts) - 1) * T / sp if sp else 0:>9.3f}{sp - (len(ts) - 1) * T:>7.2f}{dry:>7.2f}{ready:>8.2f}"
+              f"{uns:>7.2f}")
     # all domains, by number of hosts
     by_size: dict[int, list[str]] = defaultdict(list)
     for d in by_domain:
@@ -425,8 +425,8 @@ def diagnose(web: dict[str, list[str]], r: dict, info: dict) -> None:
             unss.append(uns)
         med = statistics.median
         print(f"    {size} host(s): {len(ds):>3} domains, own eff median {med(effs):.3f} (min {min(effs):.3f}), "
-              f"first request median {med(starts):.2f} s (max {max(starts):.2f}), lost to: dry queue "
-              f"{med(dries):.1f} s, queued {med(readies):.1f} s, short gaps {med(unss):.1f} s")
+              f"first request median {med(starts):.2f} s (max {max(starts):.2f}), slow gaps: dry queue "
+              f"{med(dries):.2f} s, queued {med(readies):.2f} s, unsampled {med(unss):.2f} s")
     # how many domains were busy over time, and the frontier
     if st:
         top = max(counts.values())

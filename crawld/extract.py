@@ -1,9 +1,8 @@
 """Audit fields and links from an HTML page (pure: bytes in, fields out).
 
-Parsing is selectolax's lexbor backend (an HTML5 parser in C).  When the
-Content-Type header names no charset, lexbor sniffs the encoding as the
-HTML standard's "encoding sniffing algorithm" does (BOM, then a
-``<meta charset>`` prescan).
+Parsing is selectolax's lexbor backend (an HTML5 parser in C), with the
+encoding chosen as the HTML standard's encoding sniffing algorithm does
+(see ``_parser``).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import codecs
 from dataclasses import dataclass, field
 
 from selectolax.lexbor import LexborHTMLParser
-from w3lib.encoding import read_bom, resolve_encoding
+from w3lib.encoding import html_body_declared_encoding, read_bom, resolve_encoding
 
 #: MIME types parsed as HTML.
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -53,22 +52,30 @@ def parse_content_type(value: str | None) -> tuple[str | None, str | None]:
 
 
 def _parser(body: bytes, charset: str | None) -> LexborHTMLParser:
-    # precedence as in the HTML standard: BOM, then the transport-layer
-    # charset (mapped by the WHATWG Encoding Standard: latin1 and ascii mean
-    # windows-1252), then sniffing (<meta charset>)
+    # precedence as in the HTML standard's encoding sniffing: BOM, then the
+    # transport-layer charset, then a <meta charset> prescan, then (nothing
+    # declared) UTF-8 if the bytes are UTF-8, else windows-1252 - labels
+    # mapped by the WHATWG Encoding Standard (latin1 and ascii mean
+    # windows-1252).  Scripting is on, as in browsers and Googlebot, so a
+    # <noscript> pixel in <head> does not end the head early.
     bom_encoding, bom = read_bom(body)
     if bom_encoding:
         name = codecs.lookup(bom_encoding).name
-        if name == "utf-8":
-            return LexborHTMLParser(body[len(bom):])
-        return LexborHTMLParser(body[len(bom):].decode(name, errors="replace"))
-    if charset:
-        name = resolve_encoding(charset)
-        if name == "utf-8":
-            return LexborHTMLParser(body)
-        if name:
-            return LexborHTMLParser(body.decode(name, errors="replace"))
-    return LexborHTMLParser(body, encoding=True)
+        body = body[len(bom):]
+    else:
+        name = resolve_encoding(charset) if charset else None
+        if not name:
+            declared = html_body_declared_encoding(body[:4096])
+            name = resolve_encoding(declared) if declared else None
+        if not name:
+            try:
+                body.decode("utf-8")
+                name = "utf-8"
+            except UnicodeDecodeError:
+                name = "cp1252"
+    if name == "utf-8":
+        return LexborHTMLParser(body, scripting=True)
+    return LexborHTMLParser(body.decode(name, errors="replace"), scripting=True)
 
 
 def _text(node) -> str | None:

@@ -11,16 +11,22 @@ Call from a gevent-patched process (crawld.worker patches at start).
 
 from __future__ import annotations
 
+import http.client
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
+from urllib.parse import urljoin
 
 import gevent
 import requests
+import urllib3
+from requests.exceptions import TooManyRedirects
 
 from .config import CrawlConfig
-from .netpolicy import AddressPolicy, guard_session, is_blocked_address
+from .errors import exception_chain
+from .netpolicy import AddressPolicy, BlockedAddress, guard_session, is_blocked_address
 
 _CHUNK = 64 * 1024
 
@@ -78,25 +84,32 @@ def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None
 
 
 def _classify(exc: BaseException) -> tuple[str, bool]:
-    if is_blocked_address(exc) is not None:
+    """``(error kind, retryable)`` of a fetch exception, from what happened
+    underneath requests' wrappers."""
+    chain = list(exception_chain(exc))
+    if any(isinstance(e, BlockedAddress) for e in chain):
         return "blocked", False
-    if isinstance(exc, requests.exceptions.TooManyRedirects):
+    if isinstance(exc, TooManyRedirects):
         return "redirects", False
     if isinstance(exc, (FetchDeadline, gevent.Timeout)):
         return "deadline", True
-    if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return "timeout", True
-    if isinstance(exc, requests.exceptions.ReadTimeout):
-        return "timeout", True
     if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
                         requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader,
-                        UnicodeError)):
+                        urllib3.exceptions.LocationParseError, UnicodeError)):
         return "invalid_url", False
-    if isinstance(exc, requests.exceptions.ProxyError):
-        return "connect", True
-    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
-        return "protocol", True
-    if isinstance(exc, requests.exceptions.ConnectionError):
+    for e in chain:
+        if isinstance(e, (requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError,
+                          requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError,
+                          socket.timeout)):
+            return "timeout", True
+    for e in chain:
+        # the server answered, but not in HTTP: bad status line, header
+        # lines too long or too many, chunking or content-encoding broken
+        if isinstance(e, (http.client.HTTPException, requests.exceptions.ChunkedEncodingError,
+                          requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError)) \
+                and not isinstance(e, http.client.RemoteDisconnected):
+            return "protocol", True
+    if isinstance(exc, (requests.exceptions.ConnectionError, urllib3.exceptions.HTTPError, OSError)):
         return "connect", True
     return "other", False
 
@@ -122,23 +135,59 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, (when - now_dt).total_seconds())
 
 
+def _location(value: str) -> str:
+    # http.client decodes header bytes as latin-1; servers send UTF-8
+    # (as requests' get_redirect_target undoes too)
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
+def _send(session: requests.Session, url: str, config: CrawlConfig) -> requests.Response:
+    # through the adapter, not Session.send: even with allow_redirects=False
+    # Session.send reads the whole body of any 3xx (resolve_redirects), with
+    # no size cap, and a malformed Location there loses the response
+    prep = session.prepare_request(requests.Request("GET", url))
+    settings = session.merge_environment_settings(prep.url, {}, True, None, None)
+    adapter = session.get_adapter(prep.url)
+    return adapter.send(prep, stream=True, timeout=(config.connect_timeout_s, config.read_timeout_s),
+                        verify=settings["verify"], cert=settings["cert"], proxies=settings["proxies"])
+
+
 def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_redirects: bool = False,
           max_bytes: int | None = None) -> FetchResult:
     """GET ``url`` once.  Never raises: failures are in the result.
 
     ``max_bytes`` caps the body (default the crawl's ``max_body_bytes``).
+    With ``allow_redirects`` (robots.txt only) up to ``session.max_redirects``
+    hops are followed, each under the same caps, within one deadline.  When
+    the body breaks off (time-out, reset, deadline) after the headers, what
+    arrived is kept and ``truncated`` is set.
     """
     res = FetchResult(url=url, started_at=time.time())
     t0 = time.monotonic()
     resp = None
+    chunks: list[bytes] = []
     try:
         with gevent.Timeout(config.fetch_deadline_s, FetchDeadline):
-            resp = session.get(url, stream=True, allow_redirects=allow_redirects,
-                               timeout=(config.connect_timeout_s, config.read_timeout_s))
-            res.status = resp.status_code
-            res.headers = {k.lower(): v for k, v in resp.headers.items()}
+            target, hops = url, 0
+            while True:
+                resp = _send(session, target, config)
+                res.status = resp.status_code
+                res.headers = {k.lower(): v for k, v in resp.headers.items()}
+                if "location" in res.headers:
+                    res.headers["location"] = _location(res.headers["location"])
+                if not (allow_redirects and resp.is_redirect and "location" in res.headers):
+                    break
+                hops += 1
+                if hops > session.max_redirects:
+                    raise TooManyRedirects(f"more than {session.max_redirects} redirects")
+                target = urljoin(target, res.headers["location"])
+                resp.close()
+                resp = None
             cap = max_bytes or config.max_body_bytes
-            chunks, size = [], 0
+            size = 0
             for chunk in resp.iter_content(_CHUNK):
                 size += len(chunk)
                 if size > cap:
@@ -154,13 +203,13 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_red
         res.error_kind, res.retryable = kind, retryable
         blocked = is_blocked_address(exc)
         if blocked is not None:
-            res.error = str(blocked).split("address_blocked: ", 1)[-1]
-            res.error = f"address_blocked: {res.error[:300]}"
+            res.error = "address_blocked: " + str(blocked).split("address_blocked: ", 1)[-1][:300]
         else:
             msg = str(exc).splitlines()[0] if str(exc) else ""
             res.error = f"{kind}: {type(exc).__name__}{': ' + msg[:300] if msg else ''}"
-        if res.status is not None and kind in ("deadline", "timeout", "protocol"):
-            # headers arrived but the body did not: keep the status, flag it
+        if res.status is not None:
+            # headers arrived but the body did not: keep what came, flag it
+            res.body = b"".join(chunks)
             res.truncated = True
     finally:
         if resp is not None:

@@ -29,6 +29,8 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NewConnectionError
 
+from .errors import exception_chain
+
 _NET = ipaddress.ip_network
 
 #: never fetched (link-local holds the cloud metadata endpoints)
@@ -97,22 +99,9 @@ class BlockedAddress(NewConnectionError):
 
 def is_blocked_address(exc: BaseException) -> BlockedAddress | None:
     """The :class:`BlockedAddress` behind a requests exception, if any."""
-    seen = 0
-    todo: list[object] = [exc]
-    while todo and seen < 20:
-        e = todo.pop()
-        seen += 1
+    for e in exception_chain(exc):
         if isinstance(e, BlockedAddress):
             return e
-        if isinstance(e, BaseException):
-            todo.extend(a for a in e.args if isinstance(a, BaseException))
-            reason = getattr(e, "reason", None)
-            if isinstance(reason, BaseException):
-                todo.append(reason)
-            if e.__cause__ is not None:
-                todo.append(e.__cause__)
-            if e.__context__ is not None:
-                todo.append(e.__context__)
     return None
 
 

@@ -126,4 +126,5 @@ def dead_letter_row(crawl_id: str, shard: int, dead: dict[str, Any]) -> dict[str
     return make_row(crawl_id=crawl_id, url=url, canonical_url=canonical, outcome="dead_letter", shard=shard,
                     attempt=int(dead.get("attempts") or 0), depth=int(p.get("d") or 0), referrer=p.get("r"),
                     host=urlsplit(canonical).hostname or "", fetched_at=float(dead.get("at_us") or 0) / 1e6,
-                    response_ms=0.0, redirect_chain=p.get("rc") or (), error=str(dead.get("reason") or ""))
+                    response_ms=0.0, redirect_chain=p.get("rc") or (),
+                    error=str(dead.get("reason") or "") + (f" (while recording: {dead['mode']})" if dead.get("mode") else ""))

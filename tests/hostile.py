@@ -22,14 +22,18 @@ stall (they wait with :meth:`Request.sleep`, which returns True once the
 server stops), and joins every thread; :attr:`HostileServer.leftover_threads`
 lists the ones that did not end.
 
-Helpers build normal responses: :func:`response` (raw bytes), and the
-behaviour factories :func:`respond`, :func:`page`, :func:`redirect`,
-:func:`sequence` (a stateful behaviour: the n-th request gets the n-th
-behaviour).
+Helpers build normal responses: :func:`response` and :func:`head` (raw
+bytes), :func:`html`, and the behaviour factories :func:`respond`,
+:func:`page`, :func:`redirect` and :func:`sequence` (a stateful behaviour:
+the n-th request gets the n-th behaviour).  Hostile behaviours: :func:`hold`
+(accept, never answer), :func:`raw` (any bytes), :func:`drip` and
+:func:`then_drip` (slow), :func:`endless` (a body that never ends),
+:func:`reset_after` (a TCP reset mid-response).
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
@@ -208,6 +212,68 @@ def sequence(*behaviours: Behaviour) -> Behaviour:
 def http_date(t: float) -> str:
     """An IMF-fixdate (RFC 9110 section 5.6.7) for Unix time ``t``."""
     return formatdate(t, usegmt=True)
+
+
+# -- hostile behaviours -------------------------------------------------------------
+def hold(conn: socket.socket, req: Request, max_s: float = 60.0) -> None:
+    """Say nothing until the peer closes, the server stops or ``max_s``."""
+    end = time.monotonic() + max_s
+    while time.monotonic() < end and not req.stopping:
+        r, _, _ = select.select([conn], [], [], 0.1)
+        if r:
+            try:
+                if not conn.recv(4096):
+                    return
+            except OSError:
+                return
+
+
+def raw(data: bytes, then: Behaviour | None = None) -> Behaviour:
+    """Send ``data`` as is, then run ``then(conn, req)`` (default: close)."""
+    def behaviour(conn, req):
+        send(conn, data)
+        if then is not None:
+            then(conn, req)
+    return behaviour
+
+
+def drip(data: bytes, every_s: float = 1.0, chunk: int = 1) -> Behaviour:
+    """Send ``data`` ``chunk`` bytes at a time, one chunk every ``every_s``."""
+    def behaviour(conn, req):
+        for i in range(0, len(data), chunk):
+            if not send(conn, data[i:i + chunk]) or req.sleep(every_s):
+                return
+    return behaviour
+
+
+def then_drip(first: bytes, piece: bytes, every_s: float, count: int = 10**9) -> Behaviour:
+    """Send ``first``, then ``piece`` every ``every_s`` (``count`` times)."""
+    def behaviour(conn, req):
+        if not send(conn, first):
+            return
+        for _ in range(count):
+            if req.sleep(every_s) or not send(conn, piece):
+                return
+    return behaviour
+
+
+def endless(first: bytes, piece: bytes) -> Behaviour:
+    """Send ``first``, then ``piece`` as fast as the client reads, forever."""
+    def behaviour(conn, req):
+        if not send(conn, first):
+            return
+        while not req.stopping and send(conn, piece):
+            pass
+    return behaviour
+
+
+def reset_after(data: bytes, pause_s: float = 0.3) -> Behaviour:
+    """Send ``data``, wait (the client reads it and blocks), then RST."""
+    def behaviour(conn, req):
+        send(conn, data)
+        req.sleep(pause_s)
+        reset(conn)
+    return behaviour
 
 
 def not_found(conn: socket.socket, req: Request) -> None:

@@ -5,10 +5,14 @@ Exact claim times are read back from Redis: a claim's visibility deadline is
 ``now + vt`` where ``now`` is the Redis TIME the claim script ran at, so
 ``ZSCORE claimed token - vt`` is the server time of the claim, to the
 microsecond.  Politeness lower bounds are asserted on those exact times.
+Host reports are applied in a claim call that also claims a fresh skip
+entry (helper ``report``), so the same trick gives the exact time a
+backoff or hold started.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -17,7 +21,7 @@ from redis.crc import key_slot
 
 from crawld import keys
 from crawld.config import CrawlConfig
-from crawld.frontier import Claim, Entry, Frontier, ShardSnapshot, crawl_finished
+from crawld.frontier import Claim, Entry, Frontier, HostReport, PushItem, ShardSnapshot, crawl_finished
 from crawld.urls import fingerprint
 
 CRAWL = "t"
@@ -42,9 +46,32 @@ def payload_of(pkey: str, i: int, depth: int = 0) -> bytes:
     return Entry(u, u, depth).to_payload()
 
 
-def item(pkey: str, i: int, depth: int = 0) -> tuple[bytes, str, bytes]:
+def item(pkey: str, i: int, depth: int = 0, host: str | None = None) -> PushItem:
+    """A URL to fetch (mode ""), without a query (vkey "")."""
     u = url_of(pkey, i)
-    return (fingerprint(u), pkey, Entry(u, u, depth).to_payload())
+    return PushItem(fingerprint(u), pkey, host or pkey, "", "", Entry(u, u, depth).to_payload())
+
+
+def skip_item(pkey: str, i: int, mode: str = "out_of_scope", host: str | None = None) -> PushItem:
+    """The same URL as ``item(pkey, i)``, pushed to be recorded without a fetch."""
+    u = url_of(pkey, i)
+    return PushItem(fingerprint(u), pkey, host or pkey, "", mode, Entry(u, u, 0).to_payload())
+
+
+def qurl_of(pkey: str, i: int, path: str = "search") -> str:
+    return f"http://{pkey}/{path}?q={i}"
+
+
+def q_item(pkey: str, i: int, path: str = "search", host: str | None = None) -> PushItem:
+    """A URL with a query: its vkey is host + path."""
+    u = qurl_of(pkey, i, path)
+    h = host or pkey
+    return PushItem(fingerprint(u), pkey, h, f"{h}/{path}", "", Entry(u, u, 0).to_payload())
+
+
+def qpayload_of(pkey: str, i: int, path: str = "search") -> bytes:
+    u = qurl_of(pkey, i, path)
+    return Entry(u, u, 0).to_payload()
 
 
 def skeys(shard: int = 0) -> keys.ShardKeys:
@@ -84,6 +111,42 @@ def inflight(rds, pkey: str, shard: int = 0) -> int | None:
 def sched_score(rds, pkey: str, shard: int = 0) -> int | None:
     v = rds.zscore(skeys(shard).sched, pkey)
     return None if v is None else int(v)
+
+
+def gcra_tat(rds, pkey: str, shard: int = 0) -> int | None:
+    v = rds.hget(skeys(shard).gcra, pkey)
+    return None if v is None else int(float(v))
+
+
+def fails_of(rds, pkey: str, shard: int = 0) -> int | None:
+    v = rds.hget(skeys(shard).fails, pkey)
+    return None if v is None else int(v)
+
+
+def parked_reason(rds, pkey: str, shard: int = 0) -> str | None:
+    v = rds.hget(skeys(shard).parked, pkey)
+    return None if v is None else v.decode()
+
+
+_clock = itertools.count()
+
+
+def report(f: Frontier, rds, shard: int, reports: list[HostReport]) -> int:
+    """Apply host reports in a claim call; returns the exact Redis time the
+    claim script ran at.
+
+    A fresh skip entry is pushed first and the call claims just it (skips
+    are handed out before anything else), so its deadline - vt is the
+    script's ``now``.  The clock entry is acked again.
+    """
+    u = f"http://clock.example/{next(_clock)}"
+    assert f.push(shard, [PushItem(fingerprint(u), "clock.example", "clock.example", "", "clock",
+                                   Entry(u, u).to_payload())]) == (0, 1, 0)
+    _, cl = f.claim(shard, 1, reports=reports)
+    assert len(cl) == 1 and cl[0].mode == "clock", cl
+    t = claim_time_us(rds, f, cl[0])
+    assert f.ack(shard, [cl[0].token]) == 1
+    return t
 
 
 def wait_server_past(rds, t_us: int, timeout_s: float = 10.0) -> None:
@@ -148,14 +211,27 @@ def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
     c = claim_all(f, rds, 1, 1)[0][0]
     assert f.ack(1, [c.token]) == 1
     c = claim_all(f, rds, 1, 1)[0][0]
-    assert f.nack(1, c.token, 0, "x") == 1
+    assert f.nack(1, c.token, "x") == 1
     c = claim_all(f, rds, 1, 1)[0][0]
-    assert f.nack(1, c.token, 0, "x") == 1
+    assert f.nack(1, c.token, "x") == 1
     c = claim_all(f, rds, 1, 1)[0][0]
     wait_server_past(rds, deadline_us(rds, c))
     assert f.reclaim(1) == (0, 1)  # third attempt: dead-lettered
     assert f.snapshot(1).dead == 1
+    # the newer state too: skips, budgets, query variants, rates, host outcomes
+    f2 = make_frontier(rds, visibility_timeout_s=1, max_pages_per_host=1, max_query_variants=1)
+    assert f2.push(1, [q_item(B, 1), q_item(B, 2, host="www." + B), q_item(B, 3, host="www." + B),
+                       item(B, 4), skip_item(B, 5)]) == (2, 3, 0)
+    assert f2.slow_down(1, B, 0.5) == 0.5
+    assert f2.reserve(1, B) >= 0
+    _, cl = f2.claim(1, 10, reports=[HostReport(B, "f", 0.5, "x"), HostReport(B, "h", 0.1, "y"),
+                                     HostReport(B, "o", 0, ""), HostReport(B, "f", 0.5, "x"),
+                                     HostReport(B, "p", 0, "gone")])
+    assert len(cl) == 5 and all(c.mode for c in cl)
+    assert f2.push(1, [skip_item(B, 6)]) == (0, 1, 0)
     written = {k.decode() for k in rds.scan_iter("*")}
+    for name in ("skips", "skipseen", "rates", "fails", "parked", "budget", "variants"):
+        assert getattr(keys.shard_keys(CRAWL, 1), name) in written, name
     assert written, "nothing written"
     assert written <= set(keys.shard_keys(CRAWL, 1).all())
     assert all("{t:1}" in k for k in written)
@@ -164,32 +240,33 @@ def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
 # -- push ----------------------------------------------------------------
 def test_push_dedups_same_fingerprint_within_and_across_calls(rds):
     f = make_frontier(rds)
-    assert f.push(0, [item(A, 1), item(A, 1)]) == 1
-    assert f.push(0, [item(A, 1)]) == 0
-    assert f.push(0, [item(A, 1), item(A, 2)]) == 1
+    assert f.push(0, [item(A, 1), item(A, 1)]) == (1, 0, 1)
+    assert f.push(0, [item(A, 1)]) == (0, 0, 1)
+    assert f.push(0, [item(A, 1), item(A, 2)]) == (1, 0, 1)
     snap = f.snapshot(0)
     assert snap.queued == 2
     assert snap.stats.get("pushed") == 2
     assert snap.stats.get("dup") == 3
     assert rds.scard(skeys(0).seen) == 2
-    assert f.push(0, []) == 0
+    assert f.push(0, []) == (0, 0, 0)
+    assert f.snapshot(0).skips == 0
 
 
 def test_push_dedup_is_by_fingerprint_not_payload(rds):
     f = make_frontier(rds)
     fp = fingerprint("http://a.example/x")
-    assert f.push(0, [(fp, A, Entry("http://a.example/x", "http://a.example/x", 0).to_payload())]) == 1
-    # same fingerprint, different payload and pkey: still a duplicate
-    assert f.push(0, [(fp, B, Entry("http://b.example/y", "http://b.example/y", 3).to_payload())]) == 0
+    assert f.push(0, [PushItem(fp, A, A, "", "", Entry("http://a.example/x", "http://a.example/x", 0).to_payload())]) == (1, 0, 0)
+    # same fingerprint, different payload, pkey and host: still a duplicate
+    assert f.push(0, [PushItem(fp, B, B, "", "", Entry("http://b.example/y", "http://b.example/y", 3).to_payload())]) == (0, 0, 1)
     assert f.snapshot(0).queued == 1
 
 
 def test_push_stays_deduped_after_the_entry_was_claimed_and_acked(rds):
     f = make_frontier(rds)
-    assert f.push(0, [item(A, 1)]) == 1
+    assert f.push(0, [item(A, 1)]) == (1, 0, 0)
     _, cl = f.claim(0, 1)
     assert f.ack(0, [cl[0].token]) == 1
-    assert f.push(0, [item(A, 1)]) == 0
+    assert f.push(0, [item(A, 1)]) == (0, 0, 1)
     snap = f.snapshot(0)
     assert snap.queued == 0 and snap.claimed == 0
     assert f.claim(0, 5) == (-1.0, [])
@@ -241,7 +318,7 @@ def test_push_to_a_pkey_at_its_inflight_cap_does_not_schedule_it(rds):
     _, cl = f.claim(0, 5)
     assert len(cl) == 1
     assert inflight(rds, A) == 1
-    assert f.push(0, [item(A, 2), item(A, 3)]) == 2
+    assert f.push(0, [item(A, 2), item(A, 3)]) == (2, 0, 0)
     assert sched_score(rds, A) is None
     snap = f.snapshot(0)
     assert snap.queued == 2 and snap.scheduled == 0
@@ -263,7 +340,7 @@ def test_claim_returns_claim_objects_with_token_attempts_and_payload(rds):
     f = make_frontier(rds)
     e = Entry("http://a.example/x?q=1", "http://a.example/x?q=1", 4, referrer="http://a.example/",
               redirect_chain=("http://a.example/old",))
-    f.push(1, [(fingerprint(e.canonical), A, e.to_payload()), item(B, 1, depth=2)])
+    f.push(1, [PushItem(fingerprint(e.canonical), A, A, "", "", e.to_payload()), item(B, 1, depth=2)])
     wait, claims = f.claim(1, 10)
     assert len(claims) == 2
     for c in claims:
@@ -271,6 +348,7 @@ def test_claim_returns_claim_objects_with_token_attempts_and_payload(rds):
         assert c.shard == 1
         assert isinstance(c.token, bytes) and c.token
         assert c.attempts == 1
+        assert c.mode == ""
     assert len({c.token for c in claims}) == 2
     assert {c.payload for c in claims} == {e.to_payload(), payload_of(B, 1, depth=2)}
     got = {Entry.from_payload(c.payload) for c in claims}
@@ -458,7 +536,7 @@ def test_inflight_cap_slot_is_given_back_by_nack(rds):
     _, cl = f.claim(0, 5)
     time.sleep(0.01)
     assert f.claim(0, 5) == (-1.0, [])
-    assert f.nack(0, cl[0].token, 0, "err") == 1
+    assert f.nack(0, cl[0].token, "err") == 1
     assert inflight(rds, A) is None
     got = claim_all(f, rds, 0, 1, n=5)
     # A2 first (A1 went to the back of A's queue), and only one at a time
@@ -554,7 +632,7 @@ def test_fetch_done_then_reclaim_and_nack_do_not_double_free(rds):
     assert inflight(rds, A) == 3
     f.claim(0, 0, fetched=[toks[0], toks[1]])
     assert inflight(rds, A) == 1
-    assert f.nack(0, toks[0], 0, "e") == 1
+    assert f.nack(0, toks[0], "e") == 1
     assert inflight(rds, A) == 1
     wait_server_past(rds, max(deadline_us(rds, got[i][0]) for i in (1, 2)))
     assert f.reclaim(0) == (2, 0)
@@ -624,7 +702,7 @@ def test_late_ack_after_reclaim_does_not_remove_requeued_entry(rds):
     wait_server_past(rds, deadline_us(rds, old))
     assert f.reclaim(0) == (1, 0)
     assert f.ack(0, [old.token]) == 0
-    assert f.nack(0, old.token, 0, "late") == 0
+    assert f.nack(0, old.token, "late") == 0
     assert f.extend(0, [old.token]) == 0
     snap = f.snapshot(0)
     assert snap.queued == 1 and snap.claimed == 0
@@ -665,19 +743,19 @@ def test_nack_requeues_keeping_attempts_then_dead_letters_with_reason(rds):
     f = make_frontier(rds, max_attempts=3)
     e = Entry("http://a.example/é/x?y=\"1\"", "http://a.example/é/x?y=\"1\"", 2)
     p = e.to_payload()
-    f.push(0, [(fingerprint(e.canonical), A, p)])
+    f.push(0, [PushItem(fingerprint(e.canonical), A, A, "", "", p)])
     for attempt in (1, 2):
         c = claim_all(f, rds, 0, 1)[0][0]
         assert c.attempts == attempt and c.payload == p
-        assert f.nack(0, c.token, 0, f"fail {attempt}") == 1
+        assert f.nack(0, c.token, f"fail {attempt}") == 1
         snap = f.snapshot(0)
         assert snap.queued == 1 and snap.claimed == 0 and snap.dead == 0
     c = claim_all(f, rds, 0, 1)[0][0]
     assert c.attempts == 3
     before = server_us(rds)
-    assert f.nack(0, c.token, 0, "connection refused: boom") == 2
+    assert f.nack(0, c.token, "connection refused: boom") == 2
     after = server_us(rds)
-    assert f.nack(0, c.token, 0, "again") == 0
+    assert f.nack(0, c.token, "again") == 0
     snap = f.snapshot(0)
     assert snap.queued == 0 and snap.claimed == 0 and snap.dead == 1
     assert snap.stats.get("nacked") == 3 and snap.stats.get("dead") == 1
@@ -698,7 +776,7 @@ def test_dead_letter_at_us_is_exact_integer_microseconds(rds):
     f.push(0, [item(A, 1)])
     c = claim_all(f, rds, 0, 1)[0][0]
     before = server_us(rds)
-    assert f.nack(0, c.token, 0, "x") == 2
+    assert f.nack(0, c.token, "x") == 2
     after = server_us(rds)
     at = f.dead_letters(0)[0]["at_us"]
     assert isinstance(at, int), f"at_us is {at!r}, not integer microseconds"
@@ -709,7 +787,7 @@ def test_nack_with_max_attempts_1_dead_letters_immediately(rds):
     f = make_frontier(rds, max_attempts=1)
     f.push(0, [item(A, 1), item(A, 2)])
     c = claim_all(f, rds, 0, 1)[0][0]
-    assert f.nack(0, c.token, 0, "x" * 600) == 2
+    assert f.nack(0, c.token, "x" * 600) == 2
     d = f.dead_letters(0)
     assert len(d) == 1 and d[0]["reason"] == "x" * 500 and d[0]["payload"].encode() == payload_of(A, 1)
     # the pkey's other entry is still claimable
@@ -720,43 +798,58 @@ def test_nack_with_max_attempts_1_dead_letters_immediately(rds):
 def test_nack_unknown_token_returns_zero_and_changes_nothing(rds):
     f = make_frontier(rds)
     f.push(0, [item(A, 1)])
-    assert f.nack(0, b"31337", 0, "x") == 0
+    assert f.nack(0, b"31337", "x") == 0
     snap = f.snapshot(0)
     assert snap.queued == 1 and snap.stats.get("nacked") is None
 
 
+@pytest.mark.parametrize("code", ["r", "h"])
 @pytest.mark.parametrize("cap", [1, 3])
-def test_nack_delays_the_pkey_by_delay_s(rds, cap):
-    f = make_frontier(rds, max_rps_per_host=1000, max_inflight_per_host=cap)
+def test_host_report_delays_the_pkey_by_its_seconds(rds, cap, code):
+    """Was "nack delays the pkey by delay_s": backing off a host is now a
+    host report ('r' Retry-After, 'h' hold) riding on the next claim call."""
+    f = make_frontier(rds, max_rps_per_host=1000, max_inflight_per_host=cap, host_max_failures=10)
     f.push(0, [item(A, 1), item(A, 2), item(B, 1)])
     _, cl = f.claim(0, 1)
     assert cl[0].payload == payload_of(A, 1)
     delay = 0.4
     before = server_us(rds)
-    assert f.nack(0, cl[0].token, delay, "503") == 1
-    wait, now_claims = f.claim(0, 10)
+    assert f.nack(0, cl[0].token, "503") == 1
+    wait, now_claims = f.claim(0, 10, reports=[HostReport(A, code, delay, "HTTP 503")])
     # only B: A is delayed (its other entry too)
     assert [c.payload for c in now_claims] == [payload_of(B, 1)]
+    # B's claim time is the exact server time the report was applied at
+    t_report = claim_time_us(rds, f, now_claims[0])
+    assert t_report >= before
     assert 0 < wait <= delay + 1e-6
+    assert sched_score(rds, A) == t_report + int(delay * 1e6)
+    # 'r' counts as a failure of the host, 'h' does not
+    assert fails_of(rds, A) == (1 if code == "r" else None)
+    assert parked_reason(rds, A) is None
     got = claim_all(f, rds, 0, 1, n=10)
     if cap == 1:
         assert f.ack(0, [got[0][0].token]) == 1
     got += claim_all(f, rds, 0, 1, n=10)
     assert [c.payload for c, _ in got] == [payload_of(A, 2), payload_of(A, 1)]
     assert got[1][0].attempts == 2
+    assert got[0][1] >= t_report + int(delay * 1e6)
     assert got[0][1] >= before + int(delay * 1e6)
     assert got[0][1] < before + int(delay * 1e6) + 1_500_000
 
 
-def test_nack_delay_holds_with_burst_2(rds):
+@pytest.mark.parametrize("code", ["r", "h"])
+def test_host_report_hold_holds_with_burst_2(rds, code):
     f = make_frontier(rds, max_rps_per_host=10, burst=2, max_inflight_per_host=5)
     T = T_us(f)
     f.push(0, [item(A, i) for i in range(5)])
     _, cl = f.claim(0, 1)
+    assert f.nack(0, cl[0].token, "429") == 1
     before = server_us(rds)
-    assert f.nack(0, cl[0].token, 0.3, "429") == 1
+    t_report = report(f, rds, 0, [HostReport(A, code, 0.3, "HTTP 429")])
+    assert t_report >= before
     got = claim_all(f, rds, 0, 5, n=10)
     times = [t for _, t in got]
+    assert times[0] >= t_report + 300_000
     assert times[0] >= before + 300_000
     # after the delay, GCRA still applies: never more than burst in a window
     for i in range(len(times)):
@@ -863,7 +956,8 @@ def test_snapshot_counts(rds):
     _, cl = f.claim(0, 10)
     s = f.snapshot(0)
     assert (s.queued, s.scheduled, s.claimed) == (1, 0, 2)
-    assert s.activity() == (3, 2)
+    assert s.skips == 0
+    assert s.activity() == (3, 0, 2)
     assert [x.shard for x in f.snapshots()] == [0, 1]
     assert f.snapshots()[1].idle
 
@@ -922,9 +1016,9 @@ def test_crawl_finished_ignores_duplicate_pushes_and_dead_letters(rds):
     f = make_frontier(rds, max_attempts=1)
     f.push(0, [item(A, 1)])
     _, cl = f.claim(0, 1)
-    assert f.nack(0, cl[0].token, 0, "x") == 2
+    assert f.nack(0, cl[0].token, "x") == 2
     w1 = f.snapshots()
-    assert f.push(0, [item(A, 1)]) == 0
+    assert f.push(0, [item(A, 1)]) == (0, 0, 1)
     w2 = f.snapshots()
     assert w2[0].dead == 1
     assert crawl_finished(w1, w2)
@@ -949,3 +1043,673 @@ def test_oldest_claim_age(rds):
     time.sleep(0.05)
     age = f.oldest_claim_age_s(0)
     assert 0.04 <= age < 5
+
+
+# == the newer semantics ======================================================
+SEP = b"\x1f"
+
+
+def pending_skips(rds, shard: int = 0) -> list[tuple[str, bytes]]:
+    """(mode, payload) of the skips list, in order ("reason \\x1f payload";
+    JSON payloads never hold a raw \\x1f)."""
+    out = []
+    for raw in rds.lrange(skeys(shard).skips, 0, -1):
+        parts = raw.split(SEP)
+        out.append((parts[0].decode(), parts[-1]))
+    return out
+
+
+# -- snapshots with skips ------------------------------------------------------
+def test_snapshot_counts_skips_and_idle_needs_no_skips(rds):
+    f = make_frontier(rds)
+    w1 = f.snapshots()
+    assert f.push(0, [skip_item(A, 1)]) == (0, 1, 0)
+    s = f.snapshot(0)
+    assert (s.queued, s.scheduled, s.claimed, s.skips) == (0, 0, 0, 1)
+    assert not s.idle
+    assert s.activity() == (0, 1, 0)
+    w2 = f.snapshots()
+    assert not crawl_finished(w2, f.snapshots())
+    _, cl = f.claim(0, 5)
+    s = f.snapshot(0)
+    assert (s.skips, s.claimed) == (0, 1) and not s.idle
+    assert s.activity() == (0, 1, 1)
+    assert f.ack(0, [cl[0].token]) == 1
+    w3 = f.snapshots()
+    assert all(x.idle for x in w3)
+    # a skip pushed and recorded between two idle waves is noticed
+    assert not crawl_finished(w1, w3)
+    assert crawl_finished(w3, f.snapshots())
+
+
+def test_crawl_finished_false_on_intervening_skip_push_or_pending_skips():
+    idle = ShardSnapshot(0, 0, 0, 0, 0, {"pushed": 5, "skip_pushed": 2, "claimed": 7})
+    assert idle.idle and crawl_finished([idle], [idle])
+    skip_more = ShardSnapshot(0, 0, 0, 0, 0, {"pushed": 5, "skip_pushed": 3, "claimed": 7})
+    assert not crawl_finished([idle], [skip_more])
+    waiting = ShardSnapshot(0, 0, 0, 0, 0, {"pushed": 5, "skip_pushed": 2, "claimed": 7}, skips=1)
+    assert not waiting.idle
+    assert not crawl_finished([waiting], [waiting])
+
+
+# -- skip entries ----------------------------------------------------------------
+def test_skip_entry_is_recorded_once(rds):
+    f = make_frontier(rds)
+    it = skip_item(A, 1, "out_of_scope")
+    assert f.push(0, [it, it]) == (0, 1, 1)
+    assert f.push(0, [it]) == (0, 0, 1)
+    # another reason for the same URL: still the same URL, one row
+    assert f.push(0, [skip_item(A, 1, "nofollow")]) == (0, 0, 1)
+    snap = f.snapshot(0)
+    assert (snap.skips, snap.queued, snap.scheduled) == (1, 0, 0)
+    assert snap.stats.get("skip_pushed") == 1 and snap.stats.get("pushed") is None
+    assert snap.stats.get("dup") == 3
+    assert rds.sismember(skeys(0).skipseen, it.fp)
+    assert not rds.sismember(skeys(0).seen, it.fp)
+    assert pending_skips(rds) == [("out_of_scope", payload_of(A, 1))]
+    wait, cl = f.claim(0, 10)
+    assert [(c.mode, c.payload, c.attempts) for c in cl] == [("out_of_scope", payload_of(A, 1), 1)]
+    assert wait == -1.0
+    assert f.ack(0, [cl[0].token]) == 1
+    # still recorded once after its row is written
+    assert f.push(0, [it]) == (0, 0, 1)
+    assert f.claim(0, 10) == (-1.0, [])
+    assert f.snapshot(0).idle
+
+
+def test_skip_entry_is_not_recorded_when_the_url_was_queued_for_fetching(rds):
+    f = make_frontier(rds)
+    assert f.push(0, [item(A, 1)]) == (1, 0, 0)
+    assert f.push(0, [skip_item(A, 1, "nofollow")]) == (0, 0, 1)
+    # in the same call, too
+    assert f.push(0, [item(A, 2), skip_item(A, 2, "over_depth")]) == (1, 0, 1)
+    got = claim_all(f, rds, 0, 2, n=10)
+    assert [(c.mode, c.payload) for c, _ in got] == [("", payload_of(A, 1)), ("", payload_of(A, 2))]
+    assert f.ack(0, [c.token for c, _ in got]) == 2
+    # and after it was fetched
+    assert f.push(0, [skip_item(A, 1, "nofollow")]) == (0, 0, 1)
+    snap = f.snapshot(0)
+    assert snap.skips == 0 and snap.stats.get("skip_pushed") is None
+    assert rds.scard(skeys(0).skipseen) == 0
+    assert f.claim(0, 10) == (-1.0, [])
+
+
+def test_claim_hands_out_skip_entries_first_in_push_order(rds):
+    f = make_frontier(rds)
+    f.push(0, [item(A, 1), item(B, 1)])
+    assert f.push(0, [skip_item(A, 7, "out_of_scope"), skip_item(B, 8, "over_depth"),
+                      skip_item(A, 9, "url_too_long")]) == (0, 3, 0)
+    wait, cl = f.claim(0, 2)
+    assert [(c.mode, c.payload) for c in cl] == [("out_of_scope", payload_of(A, 7)),
+                                                 ("over_depth", payload_of(B, 8))]
+    assert wait == 0.0  # more skips are waiting
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.scheduled, snap.skips, snap.claimed) == (2, 2, 1, 2)
+    _, cl2 = f.claim(0, 2)
+    assert [c.mode for c in cl2] == ["url_too_long", ""]
+    assert cl2[0].payload == payload_of(A, 9)
+    assert cl2[1].payload in (payload_of(A, 1), payload_of(B, 1))
+    assert all(c.attempts == 1 for c in cl + cl2)
+    assert len({c.token for c in cl + cl2}) == 4
+    assert f.snapshot(0).stats.get("claimed") == 4
+
+
+def test_claim_wait_hint_is_zero_while_skips_wait_even_with_nothing_scheduled(rds):
+    f = make_frontier(rds)
+    assert f.push(0, [skip_item(A, 1), skip_item(A, 2)]) == (0, 2, 0)
+    assert f.snapshot(0).scheduled == 0
+    assert f.claim(0, 0) == (0.0, [])
+    wait, cl = f.claim(0, 1)
+    assert len(cl) == 1 and wait == 0.0
+    wait, cl = f.claim(0, 1)
+    assert len(cl) == 1 and wait == -1.0
+
+
+def test_skip_claims_take_no_gcra_or_inflight_slot(rds):
+    f = make_frontier(rds, max_rps_per_host=5, max_inflight_per_host=1)  # T = 200 ms
+    T = T_us(f)
+    f.push(0, [item(A, 1), item(A, 2)])
+    _, cl = f.claim(0, 5)
+    assert [c.payload for c in cl] == [payload_of(A, 1)]
+    c1 = claim_time_us(rds, f, cl[0])
+    assert gcra_tat(rds, A) == c1 + T
+    # A is at its in-flight cap and not due for T: its skips go out at once
+    assert f.push(0, [skip_item(A, i, "over_depth") for i in range(3, 6)]) == (0, 3, 0)
+    wait, sk = f.claim(0, 5)
+    assert [(c.mode, c.payload) for c in sk] == [("over_depth", payload_of(A, i)) for i in range(3, 6)]
+    assert wait == -1.0  # A is off the schedule (at its cap)
+    assert inflight(rds, A) == 1
+    assert gcra_tat(rds, A) == c1 + T
+    for c in sk:
+        assert rds.hget(skeys(0).claims, c.token) == b"f" + SEP + b"1" + SEP + b"over_depth" + SEP + c.payload
+    # a skip claim holds no slot: reporting it fetched, or acking it, frees none
+    assert f.claim(0, 5, fetched=[c.token for c in sk]) == (-1.0, [])
+    assert inflight(rds, A) == 1
+    assert f.ack(0, [c.token for c in sk]) == 3
+    assert inflight(rds, A) == 1
+    assert sched_score(rds, A) is None
+    assert f.ack(0, [cl[0].token]) == 1
+    assert inflight(rds, A) is None
+    got = claim_all(f, rds, 0, 1)
+    assert got[0][0].payload == payload_of(A, 2) and got[0][1] >= c1 + T
+
+
+def test_reclaim_puts_an_expired_skip_claim_back_on_the_skips_list(rds):
+    f = make_frontier(rds, visibility_timeout_s=1, max_attempts=3)
+    f.push(0, [skip_item(A, 1, "nofollow"), item(B, 1)])
+    _, cl = f.claim(0, 10)
+    assert [(c.mode, c.payload) for c in cl] == [("nofollow", payload_of(A, 1)), ("", payload_of(B, 1))]
+    wait_server_past(rds, max(deadline_us(rds, c) for c in cl))
+    assert f.reclaim(0) == (2, 0)
+    snap = f.snapshot(0)
+    assert (snap.skips, snap.queued, snap.claimed) == (1, 1, 0)
+    assert pending_skips(rds) == [("nofollow", payload_of(A, 1))]
+    assert inflight(rds, B) is None
+    # a late ack of the expired skip claim is a no-op
+    assert f.ack(0, [cl[0].token]) == 0
+    _, cl2 = f.claim(0, 10)
+    assert [(c.mode, c.payload) for c in cl2] == [("nofollow", payload_of(A, 1)), ("", payload_of(B, 1))]
+    assert cl2[1].attempts == 2
+    assert f.ack(0, [c.token for c in cl2]) == 2
+    assert f.snapshot(0).idle
+
+
+def test_a_reclaimed_skip_claim_counts_its_attempts_and_is_dead_lettered_at_max(rds):
+    # Claim.attempts "counts claims of this entry including this one", and a
+    # URL that keeps killing its worker must not kill workers forever
+    f = make_frontier(rds, visibility_timeout_s=1, max_attempts=2)
+    f.push(0, [skip_item(A, 1, "nofollow")])
+    _, cl = f.claim(0, 1)
+    assert cl[0].attempts == 1
+    wait_server_past(rds, deadline_us(rds, cl[0]))
+    assert f.reclaim(0) == (1, 0)
+    _, cl = f.claim(0, 1)
+    assert cl[0].mode == "nofollow"
+    assert cl[0].attempts == 2, "the second claim of a reclaimed skip entry reports attempts 1"
+    wait_server_past(rds, deadline_us(rds, cl[0]))
+    assert f.reclaim(0) == (0, 1)
+    snap = f.snapshot(0)
+    assert snap.dead == 1 and snap.skips == 0
+
+
+def test_a_nacked_skip_claim_is_dead_lettered_after_max_attempts(rds):
+    # the worker nacks a claim whose payload it cannot parse ("bad_entry"):
+    # that must end in the dead-letter list, skip entry or not
+    f = make_frontier(rds, max_attempts=3)
+    f.push(0, [skip_item(A, 1, "nofollow")])
+    results = []
+    for _ in range(3):
+        _, cl = f.claim(0, 1)
+        assert len(cl) == 1 and cl[0].mode == "nofollow"
+        results.append((cl[0].attempts, f.nack(0, cl[0].token, "bad_entry: boom")))
+    assert results == [(1, 1), (2, 1), (3, 2)]
+    snap = f.snapshot(0)
+    assert snap.dead == 1 and snap.skips == 0 and snap.claimed == 0
+
+
+def test_nack_of_a_skip_claim_requeues_it_as_a_skip_or_dead_letters_it(rds):
+    f = make_frontier(rds, max_attempts=2)
+    f.push(0, [skip_item(A, 1, "over_depth")])
+    _, cl = f.claim(0, 1)
+    assert f.nack(0, cl[0].token, "disk full") == 1
+    snap = f.snapshot(0)
+    assert (snap.skips, snap.queued, snap.claimed, snap.dead) == (1, 0, 0, 0)
+    assert pending_skips(rds) == [("over_depth", payload_of(A, 1))]
+    _, cl = f.claim(0, 1)
+    assert [(c.mode, c.payload) for c in cl] == [("over_depth", payload_of(A, 1))]
+    f1 = make_frontier(rds, max_attempts=1)
+    before = server_us(rds)
+    assert f1.nack(0, cl[0].token, "disk full") == 2
+    after = server_us(rds)
+    dl = f1.dead_letters(0)
+    assert len(dl) == 1
+    assert (dl[0]["pkey"], dl[0]["reason"], dl[0]["payload"].encode()) == ("", "disk full", payload_of(A, 1))
+    assert before <= dl[0]["at_us"] <= after
+    snap = f.snapshot(0)
+    assert (snap.skips, snap.claimed, snap.dead) == (0, 0, 1)
+
+
+# -- page budget and query variants ------------------------------------------------
+def test_page_budget_turns_the_4th_url_of_a_host_into_an_over_budget_skip(rds):
+    f = make_frontier(rds, max_pages_per_host=3)
+    assert f.push(0, [item(A, i) for i in range(1, 5)] + [item(B, i) for i in range(1, 4)]) == (6, 1, 0)
+    # duplicates use no budget, the 4th of B is over too, another host is fine
+    assert f.push(0, [item(A, 1), item(A, 3)]) == (0, 0, 2)
+    assert f.push(0, [item(B, 4), item("c.example", 1)]) == (1, 1, 0)
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.skips) == (7, 2)
+    assert snap.stats.get("pushed") == 7 and snap.stats.get("skip_pushed") == 2
+    # the refused URL is recorded once: pushed again, for fetching or not, it is a duplicate
+    assert f.push(0, [item(A, 4), skip_item(A, 4, "nofollow")]) == (0, 0, 2)
+    assert rds.sismember(skeys(0).skipseen, item(A, 4).fp)
+    _, cl = f.claim(0, 2)
+    assert [(c.mode, c.payload) for c in cl] == [("over_budget", payload_of(A, 4)),
+                                                 ("over_budget", payload_of(B, 4))]
+    got = claim_all(f, rds, 0, 7, n=10)
+    assert sorted(c.payload for c, _ in got) == sorted(
+        [payload_of(A, i) for i in (1, 2, 3)] + [payload_of(B, i) for i in (1, 2, 3)] + [payload_of("c.example", 1)])
+    assert all(c.mode == "" for c, _ in got)
+
+
+def test_page_budget_counts_host_names_not_politeness_keys_nor_skips(rds):
+    f = make_frontier(rds, max_pages_per_host=3)
+    www, cdn = "www." + A, "cdn." + A
+    assert f.push(0, [item(A, 1, host=www), item(A, 2, host=cdn), item(A, 3, host=www),
+                      item(A, 4, host=cdn), item(A, 5, host=www), item(A, 7, host=www)]) == (5, 1, 0)
+    # URLs pushed with a skip reason use no budget
+    assert f.push(0, [skip_item(A, 9, "nofollow", host=cdn)]) == (0, 1, 0)
+    assert f.push(0, [item(A, 6, host=cdn)]) == (1, 0, 0)
+    assert f.push(0, [item(A, 8, host=cdn)]) == (0, 1, 0)
+    _, cl = f.claim(0, 3)
+    assert [(c.mode, c.payload) for c in cl] == [("over_budget", payload_of(A, 7)),
+                                                 ("nofollow", payload_of(A, 9)),
+                                                 ("over_budget", payload_of(A, 8))]
+    assert f.snapshot(0).queued == 6
+
+
+def test_page_budget_zero_means_no_limit(rds):
+    f = make_frontier(rds, max_pages_per_host=0)
+    assert f.push(0, [item(A, i) for i in range(60)]) == (60, 0, 0)
+    assert not rds.exists(skeys(0).budget)
+
+
+def test_query_variant_limit_turns_the_3rd_variant_into_a_skip(rds):
+    f = make_frontier(rds, max_query_variants=2)
+    assert f.push(0, [q_item(A, 1), q_item(A, 2), q_item(A, 3), q_item(A, 1, path="cal"),
+                      q_item(B, 3)]) == (4, 1, 0)
+    # URLs without a query (vkey "") never count
+    assert f.push(0, [item(A, i) for i in range(10)]) == (10, 0, 0)
+    assert not rds.hexists(skeys(0).variants, "")
+    # a duplicate of a queued variant is a duplicate, not another variant
+    assert f.push(0, [q_item(A, 1)]) == (0, 0, 1)
+    assert f.push(0, [q_item(A, 2, path="cal"), q_item(A, 3, path="cal"), q_item(A, 4)]) == (1, 2, 0)
+    assert sorted(rds.hkeys(skeys(0).variants)) == sorted(
+        [f"{A}/search".encode(), f"{A}/cal".encode(), f"{B}/search".encode()])
+    _, cl = f.claim(0, 3)
+    assert [(c.mode, c.payload) for c in cl] == [
+        ("too_many_query_variants", qpayload_of(A, 3)),
+        ("too_many_query_variants", qpayload_of(A, 3, path="cal")),
+        ("too_many_query_variants", qpayload_of(A, 4))]
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.skips) == (15, 0)
+
+
+def test_urls_refused_for_query_variants_do_not_use_up_the_page_budget(rds):
+    # max_pages_per_host is "URLs queued per host name at most"; a URL refused
+    # for its query variants is not queued
+    f = make_frontier(rds, max_pages_per_host=3, max_query_variants=1)
+    assert f.push(0, [q_item(A, 1), q_item(A, 2), q_item(A, 3)]) == (1, 2, 0)
+    # one URL of A is queued: there is room for two more
+    assert f.push(0, [item(A, 1), item(A, 2)]) == (2, 0, 0)
+
+
+# -- host reports ------------------------------------------------------------------
+@pytest.mark.parametrize("jitter", [0.0, 0.999])
+def test_failure_reports_back_off_exponentially_with_equal_jitter_and_a_ceiling(rds, jitter):
+    base, ceiling = 0.2, 0.5
+    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=base, backoff_max_s=ceiling,
+                      host_max_failures=10)
+    f.push(0, [item(A, i) for i in range(4)])
+    for k in range(1, 5):
+        t = report(f, rds, 0, [HostReport(A, "f", jitter, "HTTP 503")])
+        assert fails_of(rds, A) == k
+        assert parked_reason(rds, A) is None
+        full = min(base * 2 ** (k - 1), ceiling) * 1e6   # before jitter
+        held = sched_score(rds, A) - t
+        assert gcra_tat(rds, A) == sched_score(rds, A)   # burst 1: tau = 0
+        assert full * 0.5 - 2 <= held <= full + 2, (k, held, full)
+        if jitter == 0.0:
+            assert abs(held - full * 0.5) <= 2, (k, held)
+        else:
+            assert held >= full * 0.999, (k, held)
+        c, when = claim_all(f, rds, 0, 1)[0]
+        assert c.payload == payload_of(A, k - 1)
+        assert when >= t + held, (k, when - t, held)
+        assert when >= t + full * 0.5
+        assert when < t + full + 1_500_000
+        assert f.ack(0, [c.token]) == 1
+
+
+def test_success_report_resets_the_failure_count(rds):
+    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=0.2, backoff_max_s=10, host_max_failures=3)
+    f.push(0, [item(A, 1)])
+    fail = HostReport(A, "f", 0.0, "HTTP 503")
+    report(f, rds, 0, [fail, fail])
+    assert fails_of(rds, A) == 2
+    report(f, rds, 0, [HostReport(A, "o", 0.0, "")])
+    assert fails_of(rds, A) is None
+    wait_server_past(rds, sched_score(rds, A))
+    # the next failure is a first failure again: base / 2, not 4 * base / 2
+    t = report(f, rds, 0, [fail])
+    assert fails_of(rds, A) == 1
+    assert abs(sched_score(rds, A) - (t + 100_000)) <= 2
+    # and the host is not parked after 3 failures that were not in a row
+    report(f, rds, 0, [fail])
+    assert fails_of(rds, A) == 2 and parked_reason(rds, A) is None
+    report(f, rds, 0, [fail])
+    assert parked_reason(rds, A) == "HTTP 503"
+
+
+def test_retry_after_report_holds_for_its_seconds_and_counts_a_failure(rds):
+    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=5, host_max_failures=10)
+    f.push(0, [item(A, 1)])
+    t = report(f, rds, 0, [HostReport(A, "r", 0.35, "HTTP 429 with Retry-After 0s")])
+    # the hold is the Retry-After, not the exponential backoff (base 5 s)
+    assert sched_score(rds, A) == t + 350_000
+    assert fails_of(rds, A) == 1
+    c, when = claim_all(f, rds, 0, 1)[0]
+    assert when >= t + 350_000
+    assert when < t + 350_000 + 1_500_000
+
+
+def test_hold_report_holds_without_counting_a_failure(rds):
+    f = make_frontier(rds, max_rps_per_host=20, host_max_failures=1)
+    f.push(0, [item(A, 1), item(A, 2)])
+    t = report(f, rds, 0, [HostReport(A, "h", 0.3, "robots.txt unreachable")] * 3)
+    assert fails_of(rds, A) is None
+    assert parked_reason(rds, A) is None  # host_max_failures=1, yet not given up
+    assert sched_score(rds, A) == t + 300_000
+    c, when = claim_all(f, rds, 0, 1)[0]
+    assert c.mode == "" and c.payload == payload_of(A, 1)
+    assert when >= t + 300_000
+    assert when < t + 300_000 + 1_500_000
+
+
+def test_a_hold_also_applies_to_urls_pushed_later(rds):
+    f = make_frontier(rds, max_rps_per_host=20)
+    # nothing of A queued when the report comes in
+    t = report(f, rds, 0, [HostReport(A, "r", 0.3, "HTTP 503 with Retry-After 0s")])
+    assert sched_score(rds, A) is None
+    f.push(0, [item(A, 1)])
+    assert sched_score(rds, A) == t + 300_000
+    c, when = claim_all(f, rds, 0, 1)[0]
+    assert when >= t + 300_000
+
+
+def test_too_many_failures_park_the_host_and_its_urls_become_rows(rds):
+    f = make_frontier(rds, max_rps_per_host=5, max_inflight_per_host=1, backoff_base_s=0.05,
+                      backoff_max_s=0.05, host_max_failures=3)
+    f.push(0, [item(A, i) for i in range(4)] + [item(B, 1), item(B, 2)])
+    _, first = f.claim(0, 1)
+    a0 = first[0]
+    assert a0.payload == payload_of(A, 0) and inflight(rds, A) == 1
+    fail = HostReport(A, "f", 0.5, "connection refused")
+    f.claim(0, 0, reports=[fail, fail])
+    assert fails_of(rds, A) == 2 and parked_reason(rds, A) is None
+    tat = gcra_tat(rds, A)
+    wait, cl = f.claim(0, 10, reports=[HostReport(A, "f", 0.5, "HTTP 503")])
+    assert parked_reason(rds, A) == "HTTP 503"
+    assert f.snapshot(0).stats.get("parked") == 1
+    # A's URLs come out at once, as rows, though A is at its in-flight cap
+    # and held by backoff and GCRA; B is fetched as usual
+    parked = [c for c in cl if c.mode]
+    assert [(c.mode, c.payload, c.attempts) for c in parked] == [
+        ("host_parked: HTTP 503", payload_of(A, i), 1) for i in (1, 2, 3)]
+    assert [(c.mode, c.payload) for c in cl if not c.mode] == [("", payload_of(B, 1))]
+    assert len({claim_time_us(rds, f, c) for c in cl}) == 1
+    assert inflight(rds, A) == 1
+    assert gcra_tat(rds, A) == tat
+    for c in parked:
+        assert rds.hget(skeys(0).claims, c.token) == (
+            b"f" + A.encode() + SEP + b"1" + SEP + b"host_parked: HTTP 503" + SEP + c.payload)
+    # a parked host counts no more failures
+    f.claim(0, 0, reports=[fail])
+    assert fails_of(rds, A) == 3
+    # URLs pushed later are rows at once too
+    f.push(0, [item(A, 9)])
+    _, late = f.claim(0, 1)
+    assert [(c.mode, c.payload) for c in late] == [("host_parked: HTTP 503", payload_of(A, 9))]
+    # their acks give back no in-flight slot; A0's ack does
+    assert f.ack(0, [c.token for c in parked + late]) == 4
+    assert inflight(rds, A) == 1
+    assert f.ack(0, [a0.token]) == 1
+    assert inflight(rds, A) is None
+    snap = f.snapshot(0)
+    assert snap.queued == 1 and snap.claimed == 1  # B2 waiting, B1 claimed
+
+
+def test_park_report_gives_the_host_up_at_once(rds):
+    f = make_frontier(rds, max_rps_per_host=5, host_max_failures=10)
+    f.push(0, [item(A, 1), item(A, 2)])
+    reason = "Retry-After 99999s over max_retry_after_s " + "x" * 400
+    wait, cl = f.claim(0, 10, reports=[HostReport(A, "p", 0.0, reason)])
+    assert parked_reason(rds, A) == reason[:300]
+    assert fails_of(rds, A) == 1
+    assert [(c.mode, c.payload) for c in cl] == [("host_parked: " + reason[:300], payload_of(A, i)) for i in (1, 2)]
+    assert wait == -1.0
+    assert f.snapshot(0).queued == 0
+
+
+def test_a_parked_host_stays_due_after_a_hold_report(rds):
+    # schedule(): "a given-up pkey is always due"; 'f' and 'r' skip parked
+    # keys, a late 'h' (robots.txt of an in-flight fetch) must not delay its rows
+    f = make_frontier(rds, max_rps_per_host=5, host_max_failures=10)
+    f.push(0, [item(A, 1), item(A, 2)])
+    report(f, rds, 0, [HostReport(A, "p", 0.0, "gone")])
+    wait, cl = f.claim(0, 10, reports=[HostReport(A, "h", 60.0, "robots.txt unreachable")])
+    assert [(c.mode, c.payload) for c in cl] == [("host_parked: gone", payload_of(A, i)) for i in (1, 2)]
+
+
+def test_reclaim_of_a_parked_row_puts_it_on_the_skips_list(rds):
+    f = make_frontier(rds, visibility_timeout_s=1, max_attempts=3)
+    f.push(0, [item(A, 1)])
+    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 0.0, "gone")])
+    assert [(c.mode, c.attempts) for c in cl] == [("host_parked: gone", 1)]
+    wait_server_past(rds, deadline_us(rds, cl[0]))
+    assert f.reclaim(0) == (1, 0)
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.skips, snap.claimed) == (0, 1, 0)
+    _, cl2 = f.claim(0, 1)
+    assert [(c.mode, c.payload) for c in cl2] == [("host_parked: gone", payload_of(A, 1))]
+    assert f.ack(0, [cl2[0].token]) == 1
+    assert f.snapshot(0).idle
+
+
+def test_dead_letter_of_a_parked_row_keeps_its_pkey(rds):
+    f = make_frontier(rds, max_attempts=1)
+    f.push(0, [item(A, 1)])
+    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 0.0, "gone")])
+    assert f.nack(0, cl[0].token, "disk full") == 2
+    dl = f.dead_letters(0)
+    assert [(d["pkey"], d["attempts"], d["reason"], d["payload"].encode()) for d in dl] == [
+        (A, 1, "disk full", payload_of(A, 1))]
+
+
+# -- reserve -----------------------------------------------------------------------
+def test_reserve_charges_gcra_like_a_claim(rds):
+    f = make_frontier(rds, max_rps_per_host=5, burst=1)  # T = 200 ms
+    T = T_us(f)
+    f.push(0, [item(A, 1)])
+    before = server_us(rds)
+    w1 = f.reserve(0, A)
+    tat1 = gcra_tat(rds, A)
+    w2 = f.reserve(0, A)
+    after = server_us(rds)
+    tat2 = gcra_tat(rds, A)
+    r1 = tat1 - T  # the server time of the first reserve
+    assert before <= r1 <= after
+    assert w1 == 0.0
+    # the second booking is due T after the first: ~1/R from now
+    assert tat2 == tat1 + T
+    assert 0 < w2 <= T / 1e6
+    assert w2 >= (tat1 - after) / 1e6 - 1e-6
+    # the queued URL waits its turn: T after the second booking
+    assert sched_score(rds, A) == tat2
+    wait, cl = f.claim(0, 5)
+    if server_us(rds) < tat2:
+        assert cl == [] and 0 < wait <= 2 * T / 1e6
+    got = [(c, claim_time_us(rds, f, c)) for c in cl] or claim_all(f, rds, 0, 1)
+    when = got[0][1]
+    requests = [r1 + int(w1 * 1e6), tat1, when]
+    assert all(b - a >= T for a, b in zip(requests, requests[1:])), requests
+    assert when < tat2 + 1_500_000
+
+
+def test_reserve_after_a_claim_books_the_next_slot(rds):
+    f = make_frontier(rds, max_rps_per_host=5, burst=1)  # T = 200 ms
+    T = T_us(f)
+    f.push(0, [item(A, 1), item(A, 2)])
+    _, cl = f.claim(0, 5)
+    c1 = claim_time_us(rds, f, cl[0])
+    before = server_us(rds)
+    w = f.reserve(0, A)
+    after = server_us(rds)
+    assert (c1 + T - after) / 1e6 - 1e-6 <= w <= (c1 + T - before) / 1e6 + 1e-6
+    assert gcra_tat(rds, A) == c1 + 2 * T
+    got = claim_all(f, rds, 0, 1)
+    assert got[0][1] >= c1 + 2 * T
+
+
+def test_reserve_of_an_idle_pkey_does_not_schedule_it(rds):
+    f = make_frontier(rds, max_rps_per_host=5)
+    T = T_us(f)
+    before = server_us(rds)
+    assert f.reserve(0, A) == 0.0
+    after = server_us(rds)
+    tat = gcra_tat(rds, A)
+    assert before <= tat - T <= after
+    assert sched_score(rds, A) is None
+    assert f.claim(0, 5) == (-1.0, [])
+    f.push(0, [item(A, 1)])
+    assert sched_score(rds, A) == tat
+    got = claim_all(f, rds, 0, 1)
+    # the booked request was at tat - T; the URL comes T later
+    assert got[0][1] >= tat
+
+
+def test_reserve_with_burst_2(rds):
+    f = make_frontier(rds, max_rps_per_host=10, burst=2)  # T = 100 ms, tau = T
+    waits = [f.reserve(0, A) for _ in range(3)]
+    assert waits[0] == 0.0 and waits[1] == 0.0
+    assert 0 < waits[2] <= 0.1
+
+
+# -- slow_down -----------------------------------------------------------------------
+def test_slow_down_never_speeds_up_and_the_largest_interval_wins(rds):
+    f = make_frontier(rds, max_rps_per_host=20)  # T0 = 50 ms
+    assert f.slow_down(0, A, 0.01) == 0.05
+    assert not rds.hexists(skeys(0).rates, A)
+    assert f.slow_down(0, A, 0.3) == 0.3
+    assert f.slow_down(0, A, 0.2) == 0.3
+    assert f.slow_down(0, A, 0.05) == 0.3
+    assert f.slow_down(0, A, 0.35) == 0.35
+    assert int(rds.hget(skeys(0).rates, A)) == 350_000
+    # per pkey and per shard
+    assert not rds.hexists(skeys(0).rates, B)
+    assert not rds.exists(skeys(1).rates)
+
+
+def test_slow_down_spaces_claims_of_one_pkey_by_the_new_interval(rds):
+    f = make_frontier(rds, max_rps_per_host=20)  # T0 = 50 ms
+    T0 = T_us(f)
+    assert f.slow_down(0, A, 0.35) == 0.35
+    assert f.slow_down(0, A, 0.2) == 0.35
+    f.push(0, [item(A, i) for i in range(3)] + [item(B, i) for i in range(3)])
+    got = claim_all(f, rds, 0, 6, n=10)
+    ta = [t for c, t in got if Entry.from_payload(c.payload).url.startswith(f"http://{A}/")]
+    tb = [t for c, t in got if Entry.from_payload(c.payload).url.startswith(f"http://{B}/")]
+    assert len(ta) == 3 and len(tb) == 3
+    gaps_a = [b - a for a, b in zip(ta, ta[1:])]
+    gaps_b = [b - a for a, b in zip(tb, tb[1:])]
+    assert all(g >= 350_000 for g in gaps_a), gaps_a
+    assert all(g < 350_000 + 1_500_000 for g in gaps_a), gaps_a
+    # B keeps the crawl's rate
+    assert all(g >= T0 for g in gaps_b), gaps_b
+    assert tb[-1] < ta[-1]
+
+
+def test_an_interval_below_the_crawls_is_never_used(rds):
+    # rate.lua never stores one; a stray entry (written here directly) must
+    # not make a pkey faster than max_rps_per_host either
+    f = make_frontier(rds, max_rps_per_host=10)  # T0 = 100 ms
+    T0 = T_us(f)
+    rds.hset(skeys(0).rates, A, 1000)
+    f.push(0, [item(A, i) for i in range(3)])
+    times = [t for _, t in claim_all(f, rds, 0, 3, n=10)]
+    assert all(b - a >= T0 for a, b in zip(times, times[1:])), times
+
+
+def test_slow_down_with_burst_2_scales_the_tolerance_too(rds):
+    f = make_frontier(rds, max_rps_per_host=20, burst=2)  # T0 = 50 ms
+    f.slow_down(0, A, 0.3)
+    f.push(0, [item(A, i) for i in range(4)])
+    got = claim_all(f, rds, 0, 4, n=10)
+    times = [t for _, t in got]
+    T = 300_000
+    for i in range(len(times)):
+        for j in range(i + 1, len(times)):
+            assert j - i + 1 <= 2 + (times[j] - times[i]) // T, (i, j, times)
+
+
+# -- nack(count=False) -------------------------------------------------------------
+def test_nack_without_count_does_not_count_the_attempt(rds):
+    f = make_frontier(rds, max_attempts=1)
+    f.push(0, [item(A, 1)])
+    c = claim_all(f, rds, 0, 1)[0][0]
+    assert c.attempts == 1
+    # max_attempts=1, yet an uncounted nack requeues it
+    assert f.nack(0, c.token, "robots.txt unreachable", count=False) == 1
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.claimed, snap.dead) == (1, 0, 0)
+    assert snap.stats.get("nacked") == 1
+    c = claim_all(f, rds, 0, 1)[0][0]
+    assert c.attempts == 1
+    assert f.nack(0, c.token, "robots.txt unreachable", count=False) == 1
+    c = claim_all(f, rds, 0, 1)[0][0]
+    assert c.attempts == 1
+    # counted (the default): dead-lettered as attempt 1
+    assert f.nack(0, c.token, "HTTP 500") == 2
+    dl = f.dead_letters(0)
+    assert [(d["attempts"], d["reason"]) for d in dl] == [(1, "HTTP 500")]
+
+
+def test_nack_without_count_keeps_earlier_attempts(rds):
+    f = make_frontier(rds, max_attempts=5)
+    f.push(0, [item(A, 1)])
+    seen = []
+    for count in (True, False, False, True):
+        c = claim_all(f, rds, 0, 1)[0][0]
+        seen.append(c.attempts)
+        assert f.nack(0, c.token, "e", count=count) == 1
+    c = claim_all(f, rds, 0, 1)[0][0]
+    seen.append(c.attempts)
+    assert seen == [1, 2, 2, 2, 3]
+
+
+# -- claim values, dead letters and reclaim with the new format ---------------------
+def test_claims_hash_values_carry_state_pkey_attempts_mode_payload(rds):
+    f = make_frontier(rds, max_attempts=5)
+    f.push(0, [item(A, 1)])
+    c = claim_all(f, rds, 0, 1)[0][0]
+    assert rds.hget(skeys(0).claims, c.token) == b"c" + A.encode() + SEP + b"1" + SEP + SEP + payload_of(A, 1)
+    assert f.claim(0, 0, fetched=[c.token])[1] == []
+    assert rds.hget(skeys(0).claims, c.token) == b"f" + A.encode() + SEP + b"1" + SEP + SEP + payload_of(A, 1)
+    assert f.nack(0, c.token, "x") == 1
+    c = claim_all(f, rds, 0, 1)[0][0]
+    assert c.attempts == 2
+    assert rds.hget(skeys(0).claims, c.token) == b"c" + A.encode() + SEP + b"2" + SEP + SEP + payload_of(A, 1)
+
+
+def test_reclaim_after_fetch_done_requeues_and_dead_letters_with_the_new_format(rds):
+    f = make_frontier(rds, visibility_timeout_s=1, max_attempts=2, max_inflight_per_host=2)
+    e = Entry("http://a.example/é?x=\"1\"", "http://a.example/é?x=\"1\"", 3, referrer="http://a.example/")
+    f.push(0, [PushItem(fingerprint(e.canonical), A, A, "", "", e.to_payload()), item(A, 2)])
+    got = claim_all(f, rds, 0, 2, n=10)
+    toks = [c.token for c, _ in got]
+    f.claim(0, 0, fetched=[toks[0]])  # one fetch over, the other not
+    assert inflight(rds, A) == 1
+    wait_server_past(rds, max(deadline_us(rds, c) for c, _ in got))
+    assert f.reclaim(0) == (2, 0)
+    assert inflight(rds, A) is None
+    again = claim_all(f, rds, 0, 2, n=10)
+    assert sorted(c.payload for c, _ in again) == sorted([e.to_payload(), payload_of(A, 2)])
+    assert all(c.attempts == 2 and c.mode == "" for c, _ in again)
+    wait_server_past(rds, max(deadline_us(rds, c) for c, _ in again))
+    assert f.reclaim(0) == (0, 2)
+    dl = f.dead_letters(0)
+    assert sorted(d["payload"].encode() for d in dl) == sorted([e.to_payload(), payload_of(A, 2)])
+    assert all(d["pkey"] == A and d["attempts"] == 2 and "visibility timeout" in d["reason"] for d in dl)
+    assert Entry.from_payload(next(d["payload"] for d in dl if "é" in d["payload"])) == e
+    assert inflight(rds, A) is None
+    snap = f.snapshot(0)
+    assert (snap.queued, snap.claimed, snap.dead, snap.skips) == (0, 0, 2, 0)

@@ -15,7 +15,8 @@
 --   8 dead      list  dead-lettered entries (JSON)
 --   9 stats     hash  counters
 --  10 seq       string counter for queue order and claim tokens
---  11 skips     list  "reason \31 payload": URLs recorded without a fetch
+--  11 skips     list  "reason \31 attempts \31 payload": URLs recorded without
+--                     a fetch
 --  12 skipseen  set   fingerprints ever pushed to skips
 --  13 rates     hash  pkey -> emission interval (us) slower than ARGV[1]
 --  14 fails     hash  pkey -> failures in a row
@@ -152,7 +153,7 @@ end
 -- (mode ~= '') goes back to the skips list
 local function enqueue(pkey, attempts, mode, payload)
   if mode ~= '' then
-    redis.call('RPUSH', KEYS[11], mode .. SEP .. payload)
+    redis.call('RPUSH', KEYS[11], mode .. SEP .. attempts .. SEP .. payload)
     return
   end
   local seq = redis.call('INCR', KEYS[10])
@@ -161,8 +162,8 @@ end
 
 -- at_us is written as a string: Redis' cjson keeps only 14 significant
 -- digits of a number, and a microsecond timestamp has 16
-local function dead_letter(pkey, attempts, payload, reason, now)
-  redis.call('RPUSH', KEYS[8], cjson.encode({v = 1, pkey = pkey, attempts = attempts,
+local function dead_letter(pkey, attempts, payload, reason, now, mode)
+  redis.call('RPUSH', KEYS[8], cjson.encode({v = 1, pkey = pkey, attempts = attempts, mode = mode or '',
     payload = payload, reason = reason, at_us = string.format('%d', now)}))
   redis.call('HINCRBY', KEYS[9], 'dead', 1)
 end

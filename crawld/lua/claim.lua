@@ -40,7 +40,9 @@ for i = base + 3, #ARGV, 4 do
   if code == 'o' then
     redis.call('HDEL', KEYS[14], pkey)
   elseif code == 'h' then
-    hold_until(pkey, now + value, now)
+    if redis.call('HEXISTS', KEYS[15], pkey) == 0 then  -- a given-up host stays due
+      hold_until(pkey, now + value, now)
+    end
   elseif redis.call('HEXISTS', KEYS[15], pkey) == 0 then
     local fails = redis.call('HINCRBY', KEYS[14], pkey, 1)
     local delay = value
@@ -66,10 +68,12 @@ if n > 0 then
   local skips = redis.call('LPOP', KEYS[11], n)
   if skips then
     for _, s in ipairs(skips) do
-      local p = string.find(s, SEP, 1, true)
-      local mode, payload = string.sub(s, 1, p - 1), string.sub(s, p + 1)
-      out[#out + 1] = new_claim('f', '', 1, mode, payload, now + vt)
-      out[#out + 1] = 1
+      local p1 = string.find(s, SEP, 1, true)
+      local p2 = string.find(s, SEP, p1 + 1, true)
+      local mode, payload = string.sub(s, 1, p1 - 1), string.sub(s, p2 + 1)
+      local attempts = tonumber(string.sub(s, p1 + 1, p2 - 1)) + 1
+      out[#out + 1] = new_claim('f', '', attempts, mode, payload, now + vt)
+      out[#out + 1] = attempts
       out[#out + 1] = mode
       out[#out + 1] = payload
       got = got + 1

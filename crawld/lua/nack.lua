@@ -16,7 +16,7 @@ redis.call('HINCRBY', KEYS[9], 'nacked', 1)
 if ARGV[7] == '0' then
   attempts = attempts - 1
 elseif attempts >= tonumber(ARGV[4]) then
-  dead_letter(pkey, attempts, payload, ARGV[6], now)
+  dead_letter(pkey, attempts, payload, ARGV[6], now, mode)
   if pkey ~= '' then schedule(pkey, now) end
   return 2
 end

@@ -18,25 +18,26 @@ for i = 6, #ARGV, 6 do
   local fp, pkey, host, vkey, mode, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   if mode == '' then
     if redis.call('SADD', KEYS[7], fp) == 1 then
-      if max_pages > 0 and redis.call('HINCRBY', KEYS[16], host, 1) > max_pages then
-        mode = 'over_budget'
-      elseif vkey ~= '' and max_variants > 0 and redis.call('HINCRBY', KEYS[17], vkey, 1) > max_variants then
+      if vkey ~= '' and max_variants > 0 and redis.call('HINCRBY', KEYS[17], vkey, 1) > max_variants then
         mode = 'too_many_query_variants'
+      elseif max_pages > 0 and tonumber(redis.call('HGET', KEYS[16], host) or 0) >= max_pages then
+        mode = 'over_budget'
       else
+        if max_pages > 0 then redis.call('HINCRBY', KEYS[16], host, 1) end
         enqueue(pkey, 0, '', payload)
         schedule(pkey, now)
         queued = queued + 1
       end
       if mode ~= '' then
         redis.call('SADD', KEYS[12], fp)
-        redis.call('RPUSH', KEYS[11], mode .. SEP .. payload)
+        enqueue(pkey, 0, mode, payload)
         skipped = skipped + 1
       end
     else
       dup = dup + 1
     end
   elseif redis.call('SISMEMBER', KEYS[7], fp) == 0 and redis.call('SADD', KEYS[12], fp) == 1 then
-    redis.call('RPUSH', KEYS[11], mode .. SEP .. payload)
+    enqueue(pkey, 0, mode, payload)
     skipped = skipped + 1
   else
     dup = dup + 1

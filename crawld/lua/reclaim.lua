@@ -13,7 +13,7 @@ for _, token in ipairs(expired) do
   local pkey, attempts, mode, payload = release(token)
   if pkey then
     if attempts >= max_attempts then
-      dead_letter(pkey, attempts, payload, 'visibility timeout expired on attempt ' .. attempts, now)
+      dead_letter(pkey, attempts, payload, 'visibility timeout expired on attempt ' .. attempts, now, mode)
       dead = dead + 1
     else
       enqueue(pkey, attempts, mode, payload)
