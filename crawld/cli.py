@@ -142,8 +142,8 @@ def cmd_run(args) -> int:
         raise CliError(str(exc), exitcodes.FAILED)
     print_summary(summary, args.json)
     if not summary["statuses"] and summary["rows"]:
-        raise CliError(f"no URL could be fetched: all {summary['rows']} rows are errors "
-                       "(see the error column of the artifact)", exitcodes.FAILED)
+        raise CliError(f"no URL could be fetched: none of the {summary['rows']} rows has a response "
+                       "(see the outcome and error columns of the artifact)", exitcodes.FAILED)
     return exitcodes.OK
 
 

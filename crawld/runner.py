@@ -55,42 +55,63 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
 
 
+#: outcomes of rows whose URL was requested
+FETCH_OUTCOMES = ("fetched", "redirect", "error")
+
+
 def summarize(merge: MergeResult, wall_s: float) -> dict[str, Any]:
-    """Summary figures of an artifact: rows by outcome, status class and host."""
+    """Summary figures of an artifact.
+
+    ``pages`` counts URLs requested (outcomes fetched, redirect, error);
+    ``not_fetched`` the rows recorded without a request, by reason;
+    ``hosts`` pages per host; ``rows`` everything in the artifact.
+    """
     t = pq.read_table(merge.path, columns=["outcome", "status", "host", "error"])
-    outcomes = Counter(t.column("outcome").to_pylist())
+    outcomes = t.column("outcome").to_pylist()
     statuses = Counter(f"{s // 100}xx" for s in t.column("status").to_pylist() if s is not None)
-    hosts = Counter(t.column("host").to_pylist())
-    errors = sum(1 for e in t.column("error").to_pylist() if e)
+    hosts: Counter = Counter()
+    not_fetched: Counter = Counter()
+    for outcome, host, error in zip(outcomes, t.column("host").to_pylist(), t.column("error").to_pylist()):
+        if outcome in FETCH_OUTCOMES:
+            hosts[host] += 1
+        elif outcome in ("skipped", "blocked"):
+            not_fetched[(error or outcome).split(":", 1)[0]] += 1
+        else:
+            not_fetched[outcome] += 1
+    by_outcome = Counter(outcomes)
+    pages = sum(by_outcome[o] for o in FETCH_OUTCOMES)
     return {
         "artifact": str(merge.path),
         "rows": merge.rows,
-        "outcomes": dict(sorted(outcomes.items())),
+        "pages": pages,
+        "outcomes": dict(sorted(by_outcome.items())),
         "statuses": dict(sorted(statuses.items())),
-        "errors": errors,
+        "errors": by_outcome["error"],
+        "not_fetched": dict(not_fetched.most_common()),
         "duplicates_dropped": merge.duplicates,
         "torn_lines_skipped": merge.bad_lines,
         "hosts": dict(hosts.most_common()),
         "wall_s": round(wall_s, 3),
-        "pages_per_s": round(merge.rows / wall_s, 2) if wall_s > 0 else None,
+        "pages_per_s": round(pages / wall_s, 2) if wall_s > 0 else None,
     }
 
 
 def format_summary(crawl_id: str, s: dict[str, Any]) -> str:
     """The summary as aligned text."""
     kv = lambda d: " ".join(f"{k}={v}" for k, v in d.items()) or "-"  # noqa: E731
+    fetch_kinds = {k: v for k, v in s["outcomes"].items() if k in FETCH_OUTCOMES}
     lines = [
-        f"crawl       {crawl_id}",
-        f"artifact    {s['artifact']}",
-        f"pages       {s['rows']} ({kv(s['outcomes'])})",
-        f"statuses    {kv(s['statuses'])}",
-        f"errors      {s['errors']}",
-        f"duplicates  {s['duplicates_dropped']} dropped at merge",
-        f"wall time   {s['wall_s']:.1f} s",
-        f"pages/s     {s['pages_per_s']}",
+        f"crawl        {crawl_id}",
+        f"artifact     {s['artifact']} ({s['rows']} rows, {s['duplicates_dropped']} duplicates dropped)",
+        f"pages        {s['pages']} requested ({kv(fetch_kinds)})",
+        f"statuses     {kv(s['statuses'])}",
+        f"errors       {s['errors']}",
+        f"not fetched  {sum(s['not_fetched'].values())} ({kv(s['not_fetched'])})",
+        f"wall time    {s['wall_s']:.1f} s",
+        f"pages/s      {s['pages_per_s']}",
     ]
     for host, n in list(s["hosts"].items())[:20]:
-        lines.append(f"host        {host} {n}")
+        lines.append(f"host         {host} {n}")
     return "\n".join(lines)
 
 

@@ -42,13 +42,13 @@ def main() -> int:
         counts = srv.counts()
         hits = srv.hits()
     twice = sum(1 for n in counts.values() if n > 1)
-    print(f"server      {sum(counts.values())} requests, {len(counts)} distinct URLs, {twice} fetched twice")
+    print(f"server       {sum(counts.values())} requests, {len(counts)} distinct URLs, {twice} fetched twice")
     by_domain: dict[str, list[float]] = {}
     for h in hits:
         by_domain.setdefault(politeness_key(h.host), []).append(h.t)
     lim1, _ = limits(RPS)
     busiest = {d: max_in_window(ts, 1.0) for d, ts in by_domain.items()}
-    print(f"politeness  most requests in any 1 s window per site (limit {lim1} at {RPS:g}/s): "
+    print(f"politeness   most requests in any 1 s window per site (limit {lim1} at {RPS:g}/s): "
           + ", ".join(f"{d}={n}" for d, n in sorted(busiest.items()))
           + f"; violations: {len(rate_violations(by_domain, RPS))}")
     return rc
