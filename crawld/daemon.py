@@ -16,7 +16,7 @@ from .crawls import load_crawl
 from .output import check_writable
 from .redisconn import RedisUnfit, check, connect, redis_url
 from .cliargs import Parser, crawl_id_arg, positive_float
-from .supervisor import Supervisor, python_child
+from .supervisor import Supervisor, crawl_children
 
 
 #: the largest num_shards a crawl may have (see crawld.config).
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.CANTCREAT
     env = {"REDIS_URL": url}
     wargs = ["--crawl-id", config.crawl_id, "--drain-timeout", str(args.drain_timeout)]
-    specs = [python_child(f"worker-{s}", "crawld.worker", [*wargs, "--shard", str(s)], env) for s in shards]
-    specs.append(python_child("reclaim", "crawld.reclaim", [], env))
+    specs = crawl_children(shards, wargs, [], env)
     sup = Supervisor(specs, drain_timeout_s=args.drain_timeout, log=log.bind(crawl_id=config.crawl_id))
     workers = {s.name for s in specs if s.name.startswith("worker-")}
     # serve until stopped; give up (and let the service manager see a

@@ -15,7 +15,9 @@ neither lose nor duplicate an entry:
 * extend  heartbeat: push back the deadline of claims still being worked;
 * reclaim return expired claims to the queue (or dead-letter them);
 * reserve book one extra request (a robots.txt fetch) against GCRA;
-* rate    slow a politeness key down (robots.txt Crawl-delay).
+* rate    slow a politeness key down (robots.txt Crawl-delay);
+* lease / release  take, renew or give up the shard's lease (fencing: a
+          claim made with a lease token fails once another token holds it).
 
 Besides URLs to fetch, the frontier carries URLs to *record without
 fetching* (a "mode" naming why: out of scope, over depth, over budget, host
@@ -42,7 +44,7 @@ from .config import CrawlConfig
 ENTRY_VERSION = 1
 
 _LUA_DIR = Path(__file__).with_name("lua")
-_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate")
+_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate", "lease", "release")
 
 
 def load_script_source(name: str) -> str:
@@ -179,6 +181,10 @@ def crawl_finished(prev: Sequence[ShardSnapshot] | None, cur: Sequence[ShardSnap
     return True
 
 
+class LeaseLost(RuntimeError):
+    """A claim was refused: another worker holds the shard's lease."""
+
+
 class Frontier:
     """The frontier of one crawl over a Redis client.
 
@@ -224,21 +230,28 @@ class Frontier:
         return r if client is not None else tuple(int(x) for x in r)
 
     def claim(self, shard: int, n: int, fetched: Sequence[bytes] = (),
-              reports: Sequence[HostReport] = ()) -> tuple[float, list[Claim]]:
+              reports: Sequence[HostReport] = (), lease: str = "") -> tuple[float, list[Claim]]:
         """Claim up to ``n`` entries of ``shard``: URLs to record first,
         then URLs of due politeness keys.
 
         ``fetched`` are tokens of claims whose fetch is over: their
         in-flight slots are given back first, in the same call (idempotent).
         ``reports`` apply host outcomes (backoff, parking) before claiming.
-        Returns ``(wait_s, claims)``: ``wait_s`` is the time until the next
-        politeness key is due (-1.0 when none is scheduled).
+        With ``lease`` (a token) nothing is claimed unless that token holds
+        the shard's lease.  Returns ``(wait_s, claims)``: ``wait_s`` is the
+        time until the next politeness key is due (-1.0 when none is
+        scheduled).
+
+        Raises:
+            LeaseLost: ``lease`` is not the shard's lease holder.
         """
-        args: list[Any] = [n, self._vt, len(fetched), *fetched, *self._backoff]
+        args: list[Any] = [lease, n, self._vt, len(fetched), *fetched, *self._backoff]
         for rep in reports:
             value = int(rep.value * 1e6) if rep.code in ("r", "h") else rep.value
             args += (rep.pkey, rep.code, value, rep.reason[:300])
         r = self._run("claim", shard, args)
+        if int(r[0]) == -2:
+            raise LeaseLost(f"shard {shard} of crawl {self.config.crawl_id} is leased to another worker")
         claims = [Claim(shard, r[i], int(r[i + 1]), r[i + 3], r[i + 2].decode("utf-8", "replace"))
                   for i in range(1, len(r), 4)]
         wait = int(r[0])
@@ -279,6 +292,20 @@ class Frontier:
         ``interval_s`` (robots.txt Crawl-delay); returns the interval in
         force, in seconds."""
         return int(self._run("rate", shard, [pkey, int(interval_s * 1e6)])) / 1e6
+
+    def lease(self, shard: int, token: str, ttl_s: float) -> bool:
+        """Take or renew the lease of ``shard`` for ``token`` (time to live
+        ``ttl_s``); False when another token holds it."""
+        return bool(self._run("lease", shard, [token, int(ttl_s * 1000)]))
+
+    def release(self, shard: int, token: str) -> bool:
+        """Give the lease of ``shard`` up if ``token`` holds it."""
+        return bool(self._run("release", shard, [token]))
+
+    def leaseholder(self, shard: int) -> str | None:
+        """The token holding the lease of ``shard``, if any."""
+        v = self.client.get(keys.shard_keys(self.config.crawl_id, shard).lease)
+        return v.decode() if v is not None else None
 
     def commit(self, pushes: dict[int, list[PushItem]], acks: dict[int, list[bytes]]) -> int:
         """Push discovered links, then ack finished claims, in one round trip.

@@ -35,6 +35,7 @@ parked     hash     politeness key -> why the host was given up
 budget     hash     host name -> URLs queued (max_pages_per_host)
 variants   hash     host name + path -> distinct queries queued
 robots     hash     origin (scheme://host:port) -> robots.txt cache entry (JSON)
+lease      string   token of the worker serving the shard (SET NX PX, renewed)
 ========== ======== ==========================================================
 """
 
@@ -53,7 +54,7 @@ CRAWL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHARD_KEY_NAMES = (
     "queue", "sched", "gcra", "inflight", "claimed", "claims",
     "seen", "dead", "stats", "seq", "skips", "skipseen", "rates",
-    "fails", "parked", "budget", "variants", "robots",
+    "fails", "parked", "budget", "variants", "robots", "lease",
 )
 
 
@@ -93,6 +94,7 @@ class ShardKeys:
     budget: str
     variants: str
     robots: str
+    lease: str
 
     def all(self) -> list[str]:
         """All keys in :data:`SHARD_KEY_NAMES` order, as Lua's KEYS expect."""

@@ -28,7 +28,7 @@ from .frontier import Frontier, ShardSnapshot, crawl_finished
 from .localredis import RedisServer
 from .merge import MergeResult, merge_crawl
 from .redisconn import check, connect
-from .supervisor import Supervisor, python_child
+from .supervisor import Supervisor, crawl_children
 
 
 class RunFailed(RuntimeError):
@@ -173,9 +173,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
                        "--drain-timeout", str(opts.drain_timeout_s)]
         if opts.proxy:
             worker_args += ["--proxy", opts.proxy]
-        specs = [python_child(f"worker-{s}", "crawld.worker", [*worker_args, "--shard", str(s)], env)
-                 for s in range(config.num_shards)]
-        specs.append(python_child("reclaim", "crawld.reclaim", ["--crawl-id", config.crawl_id], env))
+        specs = crawl_children(list(range(config.num_shards)), worker_args, ["--crawl-id", config.crawl_id], env)
         sup = Supervisor(specs, drain_timeout_s=opts.drain_timeout_s, log=log.bind(proc="supervisor"))
         progress = Progress(sys.stderr, opts.progress)
         state: dict[str, Any] = {"prev": None, "finished": False}

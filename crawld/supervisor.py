@@ -30,9 +30,11 @@ import errno
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -63,6 +65,21 @@ class _Child:
 def python_child(name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> ChildSpec:
     """A spec running ``python -m module args`` with this interpreter."""
     return ChildSpec(name, [sys.executable, "-m", module, *args], dict(env or {}))
+
+
+def crawl_children(shards: list[int], worker_args: list[str], reclaim_args: list[str],
+                   env: dict[str, str]) -> list[ChildSpec]:
+    """The children of a crawld supervisor: one worker per shard, then the
+    reclaimer.  Each worker gets a lease token naming this machine, this
+    supervisor and its shard, kept across restarts so that a restarted
+    worker resumes its shard's leases at once."""
+    nonce = uuid.uuid4().hex[:8]
+    host = socket.gethostname()
+    specs = [python_child(f"worker-{s}", "crawld.worker", [*worker_args, "--shard", str(s)],
+                          {**env, "CRAWLD_LEASE_TOKEN": f"{host}:{os.getpid()}:{nonce}:{s}"})
+             for s in shards]
+    specs.append(python_child("reclaim", "crawld.reclaim", reclaim_args, env))
+    return specs
 
 
 class Supervisor:

@@ -24,6 +24,7 @@
 --  16 budget    hash  host -> URLs queued
 --  17 variants  hash  host+path -> distinct queries queued
 --  18 robots    hash  (not used by scripts)
+--  19 lease     string token of the worker serving this shard
 --
 -- ARGV[1..3], every script (the crawl's politeness settings):
 --   1 T0   default GCRA emission interval = 1e6 / max_rps_per_host (us)

@@ -5,10 +5,14 @@
 -- deadline.  Before claiming it applies what the worker reports about
 -- finished fetches: slots to give back and host outcomes (backoff, parking).
 --
--- ARGV[4] n          most entries to claim
--- ARGV[5] vt         visibility timeout (microseconds)
--- ARGV[6] nf         number of tokens that follow, whose fetch is over
--- ARGV[7 .. 6+nf]    those tokens (their in-flight slots are given back)
+-- ARGV[4] lease      the caller's lease token ("" = no lease check); if the
+--                    shard's lease is held by another token, nothing is
+--                    claimed and wait_us is -2 (fencing: a worker that lost
+--                    its lease cannot claim)
+-- ARGV[5] n          most entries to claim
+-- ARGV[6] vt         visibility timeout (microseconds)
+-- ARGV[7] nf         number of tokens that follow, whose fetch is over
+-- ARGV[8 .. 7+nf]    those tokens (their in-flight slots are given back)
 -- then groups of 4, host outcomes: pkey, code, value, reason
 --     code "o": success, the pkey's failure count is reset
 --     code "f": failure; value = jitter in [0, 1); back off
@@ -26,14 +30,14 @@
 -- wait_us is the time until the next scheduled pkey is due (-1: nothing
 -- scheduled).
 local now = now_us()
-local n = tonumber(ARGV[4])
-local vt = tonumber(ARGV[5])
-local nf = tonumber(ARGV[6])
-for i = 7, 6 + nf do
+local n = tonumber(ARGV[5])
+local vt = tonumber(ARGV[6])
+local nf = tonumber(ARGV[7])
+for i = 8, 7 + nf do
   local pkey = fetch_done(ARGV[i])
   if pkey then schedule(pkey, now) end
 end
-local base = 7 + nf
+local base = 8 + nf
 local backoff_base, backoff_max, max_failures = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
 for i = base + 3, #ARGV, 4 do
   local pkey, code, value, reason = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
@@ -63,6 +67,9 @@ end
 
 local out = {0}
 local got = 0
+if ARGV[4] ~= '' and redis.call('GET', KEYS[19]) ~= ARGV[4] then
+  return {-2}
+end
 -- 1. URLs to record without fetching
 if n > 0 then
   local skips = redis.call('LPOP', KEYS[11], n)

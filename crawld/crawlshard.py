@@ -1,0 +1,382 @@
+"""One crawl's shard inside a worker process: everything about visiting
+its URLs.
+
+A :class:`CrawlShard` holds the per-crawl state of a worker: the crawl's
+config, frontier, router and link planner, robots.txt cache, HTTP session
+(its user agent and address policy are the crawl's), part writers, the
+shard's lease, and the work not yet committed (rows, pushes, acks).  The
+worker (:mod:`crawld.worker`) runs the greenlets and decides which crawl
+claims next; this module says what happens to each claimed URL:
+
+* a URL to record without fetching (the entry's mode says why) becomes a
+  ``skipped`` or ``blocked`` row;
+* a URL to visit goes through the address policy, robots.txt (fetched once
+  per origin, taking this claim's politeness slot and booking another for
+  the page), the fetch, and then its row and the pushes of its links
+  (:mod:`crawld.links`); a failure worth retrying gives the claim back.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from typing import Callable
+
+import gevent
+import redis
+
+from . import keys, logs
+from .config import CrawlConfig
+from .extract import HTML_TYPES, parse_content_type, parse_html
+from .fetcher import FetchResult, fetch, make_session
+from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem
+from .links import LinkPlanner, Push, origin_of, robots_directives
+from .netpolicy import AddressPolicy
+from .outcomes import host_report, retry_url
+from .output import PartWriter
+from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, agent_token
+from .rows import REDIRECT_STATUSES, make_row, outcome_of_mode
+from .scope import Router
+from .sitemaps import parse_sitemap
+from .urls import resolve
+
+
+class CrawlShard:
+    """Shard ``shard`` of the crawl ``config``, as served by one worker.
+
+    ``lease_token`` identifies the worker's supervisor to the shard lease;
+    ``sync(fd)`` makes a part durable; ``wake()`` is called when a fetch
+    ends (its slot may let the claimer claim again).
+    """
+
+    def __init__(self, client: redis.Redis, config: CrawlConfig, shard: int, *, concurrency: int,
+                 proxy: str | None, lease_token: str, sync: Callable[[int], None],
+                 wake: Callable[[], None], commit_batch: int = 256, log=None):
+        self.client = client
+        self.config = config
+        self.crawl_id = config.crawl_id
+        self.shard = shard
+        self.lease_token = lease_token
+        self.leased = False
+        self.frontier = Frontier(client, config)
+        self.router = Router(config)
+        self.session = make_session(config, concurrency, proxy)
+        self.policy = AddressPolicy(config.allow_loopback, config.allow_private_networks)
+        self.agent = agent_token(config.user_agent)
+        self.robots = RobotsCache(client, keys.shard_keys(config.crawl_id, shard).robots, self.agent,
+                                  config.robots_ttl_s, config.robots_retry_s, self._fetch_robots)
+        self.links = LinkPlanner(config, self.router, self._robots_allows)
+        self.writer = PartWriter(config.output, config.crawl_id, shard, sync=sync)
+        self.skip_writer = PartWriter(config.output, config.crawl_id, shard, sync=sync, kind="skip")
+        self.log = log or logs.setup(crawl_id=config.crawl_id, shard=shard, proc="worker")
+        self._wake = wake
+        self._rand = random.Random()
+        self.commit_batch = commit_batch
+        self.commit_wanted = False
+        self._fetched: list[bytes] = []  # tokens whose in-flight slot can be given back
+        self._reports: list[HostReport] = []  # host outcomes for the next claim call
+        self._rows: list[dict] = []
+        self._skip_rows: list[dict] = []
+        self._acks: list[bytes] = []
+        self._pushes: dict[int, dict[bytes, PushItem]] = defaultdict(dict)
+        self._in_commit = 0  # rows of the commit under way
+        self.held: set[bytes] = set()
+        self.pages = 0
+        # claim pacing, kept by the worker
+        self.next_claim = 0.0
+        self.idle = 0.01
+
+    # -- claiming --------------------------------------------------------------
+    def claim(self, n: int) -> tuple[float, list[Claim]]:
+        """Claim up to ``n`` entries, handing back finished slots and host
+        outcomes.  Raises ``redis.RedisError`` (the handed-back work is kept
+        for the next call) and :class:`LeaseLost` (``leased`` turns False)."""
+        fetched, self._fetched = self._fetched, []
+        reports, self._reports = self._reports, []
+        try:
+            wait, claims = self.frontier.claim(self.shard, n, fetched, reports, self.lease_token)
+        except LeaseLost:
+            self.leased = False
+            self._fetched.extend(fetched)
+            raise
+        except redis.RedisError:
+            self._fetched.extend(fetched)  # giving a slot back is idempotent: retry
+            self._reports.extend(reports)
+            raise
+        self.held.update(c.token for c in claims)
+        return wait, claims
+
+    def pending_rows(self) -> int:
+        """Rows not yet durable (back-pressure)."""
+        return len(self._rows) + len(self._skip_rows) + self._in_commit
+
+    def has_uncommitted(self) -> bool:
+        return bool(self._rows or self._skip_rows or self._acks or self._pushes)
+
+    def renew_lease(self, ttl_s: float) -> bool:
+        """Take or renew this shard's lease; logs changes.  Returns whether
+        this worker serves the shard now."""
+        ok = self.frontier.lease(self.shard, self.lease_token, ttl_s)
+        if ok != self.leased:
+            if ok:
+                self.log.info("lease_acquired")
+            else:
+                holder = self.frontier.leaseholder(self.shard)
+                self.log.warning("lease_held_elsewhere", holder=holder)
+        self.leased = ok
+        return ok
+
+    def extend_claims(self) -> None:
+        """Heartbeat: keep the claims being worked on from expiring."""
+        held = list(self.held)
+        if held:
+            self.frontier.extend(self.shard, held)
+
+    def close(self) -> None:
+        """Close the parts and give the lease up (after the last commit)."""
+        self.writer.close()
+        self.skip_writer.close()
+        self.session.close()
+        try:
+            if self.frontier.release(self.shard, self.lease_token):
+                self.log.info("lease_released")
+        except redis.RedisError as exc:
+            self.log.warning("lease_release_failed", error=_one_line(exc))
+
+    # -- one entry -----------------------------------------------------------
+    def process(self, claim: Claim) -> None:
+        """Work on one claimed entry (a greenlet's entry point); never raises."""
+        try:
+            entry = Entry.from_payload(claim.payload)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._slot_done(claim)
+            self._give_back(claim, f"bad_entry: {exc}")
+            return
+        try:
+            if claim.mode:
+                self._record(entry, claim, claim.mode)
+            else:
+                self._visit(entry, claim)
+        except Exception as exc:  # noqa: BLE001 - a page must never kill the worker
+            self.log.exception("process_failed", url=entry.url)
+            self._slot_done(claim)
+            self._give_back(claim, f"internal: {type(exc).__name__}: {exc}")
+
+    def _slot_done(self, claim: Claim) -> None:
+        """The politeness slot of ``claim`` is no longer used."""
+        if not claim.mode:
+            self._fetched.append(claim.token)
+            self._wake()
+
+    def _give_back(self, claim: Claim, error: str, count: bool = True) -> None:
+        self.held.discard(claim.token)
+        try:
+            self.frontier.nack(self.shard, claim.token, error, count)
+        except redis.RedisError as exc:
+            # the claim expires and comes back through reclaim
+            self.log.error("nack_failed", error=_one_line(exc))
+
+    def _finish(self, claim: Claim, row: dict, pushes: list[Push] = (), skip: bool = False) -> None:
+        (self._skip_rows if skip else self._rows).append(row)
+        self._acks.append(claim.token)
+        for shard, key, item in pushes:
+            self._pushes[shard][key] = item
+        self.pages += 1
+        if len(self._rows) + len(self._skip_rows) >= self.commit_batch:
+            self.commit_wanted = True
+
+    def _base_row(self, entry: Entry, claim: Claim, fetched_at: float) -> dict:
+        return dict(crawl_id=self.config.crawl_id, url=entry.url, canonical_url=entry.canonical,
+                    shard=self.shard, attempt=claim.attempts, depth=entry.depth, referrer=entry.referrer,
+                    host=self.router.route(entry.canonical).host, fetched_at=fetched_at, response_ms=0.0,
+                    redirect_chain=entry.redirect_chain)
+
+    def _record(self, entry: Entry, claim: Claim, mode: str, skip: bool = True) -> None:
+        """A row for a URL that is not fetched, and why."""
+        row = make_row(outcome=outcome_of_mode(mode), error=mode, **self._base_row(entry, claim, time.time()))
+        self._finish(claim, row, skip=skip)
+
+    def _visit(self, entry: Entry, claim: Claim) -> None:
+        cfg = self.config
+        route = self.router.route(entry.canonical)
+        blocked = self.policy.check_host(route.host)
+        if blocked:
+            self._slot_done(claim)
+            return self._record(entry, claim, f"address_blocked: {blocked}", skip=False)
+        origin = origin_of(entry.canonical)
+        pol = self.robots.cached(origin)
+        fetched_robots = False
+        if pol is None:
+            pol, fetched_robots = self.robots.fetch(origin)
+            if fetched_robots:
+                self._after_robots(origin, route.pkey, route.in_scope, pol)
+        if pol.state == UNREACHABLE:
+            self._slot_done(claim)
+            if pol.record.failures >= cfg.robots_max_failures:
+                why = pol.record.error or f"HTTP {pol.record.status}"
+                return self._record(entry, claim, f"robots_unreachable: {why}", skip=False)
+            # the origin counts as disallowed for now: the URL waits
+            self._reports.append(HostReport(route.pkey, "h", cfg.robots_retry_s, "robots.txt unreachable"))
+            return self._give_back(claim, "robots.txt unreachable", count=False)
+        if not pol.allowed(entry.url):
+            self._slot_done(claim)
+            return self._record(entry, claim, "robots_disallowed", skip=False)
+        if fetched_robots:
+            # the robots.txt request took this claim's politeness slot
+            wait = self.frontier.reserve(self.shard, route.pkey)
+            if wait > 0:
+                gevent.sleep(wait)
+        res = fetch(self.session, entry.url, cfg)
+        self._slot_done(claim)
+        report = host_report(route.pkey, res, cfg, self._rand)
+        if report is not None:
+            self._reports.append(report)
+        if retry_url(res, claim.attempts, cfg):
+            return self._give_back(claim, res.error or f"HTTP {res.status}")
+        row, pushes = self._outcome(entry, claim, res)
+        self._finish(claim, row, pushes)
+
+    def _after_robots(self, origin: str, pkey: str, in_scope: bool, pol) -> None:
+        """First sight of an origin's robots.txt: honour Crawl-delay, and
+        seed its sitemaps when the crawl asks for them."""
+        cfg = self.config
+        if pol.crawl_delay_s and pol.crawl_delay_s > 1.0 / cfg.max_rps_per_host:
+            self.frontier.slow_down(self.shard, pkey, pol.crawl_delay_s)
+            self.log.info("crawl_delay", origin=origin, delay_s=pol.crawl_delay_s)
+        if cfg.sitemaps and in_scope and pol.state != UNREACHABLE:
+            pushes = []
+            for sm in [*pol.sitemaps, origin + "/sitemap.xml"]:
+                canon = self.router.canonical(sm)
+                if canon is not None:
+                    p = self.links.plan(sm, canon, 0, origin + "/robots.txt", kind="sitemap")
+                    if p is not None:
+                        pushes.append(p)
+            by_shard: dict[int, list[PushItem]] = defaultdict(list)
+            for shard, _, item in pushes:
+                by_shard[shard].append(item)
+            for shard, items in by_shard.items():
+                self.frontier.push(shard, items)
+
+    def _fetch_robots(self, url: str):
+        res = fetch(self.session, url, self.config, allow_redirects=True, max_bytes=MAX_ROBOTS_BYTES)
+        body = res.body.decode("utf-8", errors="replace") if res.status and 200 <= res.status < 300 else ""
+        return res.status, body, res.error, res.error_kind
+
+    def _robots_allows(self, origin: str, url: str) -> bool | None:
+        pol = self.robots.known(origin)
+        if pol is None or pol.state == UNREACHABLE:
+            return None
+        return pol.allowed(url)
+
+    def _outcome(self, entry: Entry, claim: Claim, res: FetchResult) -> tuple[dict, list[Push]]:
+        cfg = self.config
+        common = self._base_row(entry, claim, res.started_at)
+        common["response_ms"] = res.elapsed_ms
+        if res.status is None:
+            kind = "blocked" if res.error_kind == "blocked" else "error"
+            return make_row(outcome=kind, error=_attempts_note(res.error, claim), **common), []
+        mime, charset = parse_content_type(res.headers.get("content-type"))
+        error = res.error
+        if res.truncated and not error:
+            error = f"truncated: body over {cfg.max_body_bytes} bytes"
+        elif res.status in (429,) or res.status >= 500:
+            error = _attempts_note(error, claim) if claim.attempts > 1 else error
+        common.update(status=res.status, content_type=mime, content_length=len(res.body),
+                      truncated=res.truncated, error=error, x_robots_tag=res.headers.get("x-robots-tag"))
+        if res.status in REDIRECT_STATUSES:
+            if res.headers.get("location"):
+                return self._redirect(entry, res, common)
+            common["error"] = common["error"] or "redirect_without_location"
+        ok = 200 <= res.status < 300 and res.body
+        if ok and entry.kind == "sitemap":
+            return self._sitemap(entry, res, common)
+        if ok and mime in HTML_TYPES:
+            page = parse_html(res.body, charset)
+            base = entry.url
+            if page.base_href:
+                base = resolve(entry.url, page.base_href) or entry.url
+            directives = robots_directives(page.meta_robots, common["x_robots_tag"], self.agent)
+            nofollow_all = cfg.honour_robots_meta and "nofollow" in directives
+            outlinks, pushes = self.links.page_links(entry.url, base, page.hrefs, page.nofollow,
+                                                     entry.depth, nofollow_all)
+            canonical_link = resolve(base, page.canonical_link) if page.canonical_link else None
+            return make_row(outcome="fetched", title=page.title, meta_robots=page.meta_robots,
+                            canonical_link=canonical_link, outlinks=outlinks, **common), pushes
+        return make_row(outcome="fetched", **common), []
+
+    def _redirect(self, entry: Entry, res: FetchResult, common: dict) -> tuple[dict, list[Push]]:
+        location = res.headers["location"]
+        target = resolve(entry.url, location)
+        canon = self.router.canonical(target) if target else None
+        if canon is None:
+            common["error"] = f"bad_redirect: Location {location[:200]!r}"
+            return make_row(outcome="error", **common), []
+        chain = entry.redirect_chain + (entry.url,)
+        earlier = {self.router.canonical(u) for u in chain}
+        if canon in earlier:
+            common["error"] = f"redirect_loop: back to {target[:200]}"
+            return make_row(outcome="error", final_url=target, **common), []
+        if len(chain) > self.config.max_redirects:
+            common["error"] = f"too_many_redirects: more than {self.config.max_redirects}"
+            return make_row(outcome="error", final_url=target, **common), []
+        p = self.links.plan(target, canon, entry.depth, entry.referrer, redirect_chain=chain, kind=entry.kind)
+        return make_row(outcome="redirect", final_url=target, **common), [p] if p else []
+
+    def _sitemap(self, entry: Entry, res: FetchResult, common: dict) -> tuple[dict, list[Push]]:
+        sm = parse_sitemap(res.body)
+        pushes: list[Push] = []
+        listed: list[str] = []
+        child_kind = "sitemap" if sm.kind == "sitemapindex" else "page"
+        for loc in sm.locs:
+            canon = self.router.canonical(loc)
+            if canon is None:
+                continue
+            listed.append(canon)
+            p = self.links.plan(loc, canon, 0, entry.url, kind=child_kind)
+            if p is not None:
+                pushes.append(p)
+        if sm.error:
+            common["error"] = common["error"] or f"sitemap: {sm.error}"
+        return make_row(outcome="fetched", outlinks=listed, **common), pushes
+
+    # -- group commit ----------------------------------------------------------
+    def commit(self) -> None:
+        """Write pending rows (fdatasync), then push and ack in one round trip;
+        retried until it succeeds (rows are cut back on a failed write)."""
+        rows, skip_rows, acks, pushes = self._rows, self._skip_rows, self._acks, self._pushes
+        if not rows and not skip_rows and not acks and not pushes:
+            return
+        self._rows, self._skip_rows, self._acks, self._pushes = [], [], [], defaultdict(dict)
+        self._in_commit = len(rows) + len(skip_rows)
+        errors = 0
+        while True:
+            try:
+                if rows:
+                    self.writer.write(rows)
+                    rows = []
+                if skip_rows:
+                    self.skip_writer.write(skip_rows)
+                    skip_rows = []
+                self.frontier.commit({s: list(items.values()) for s, items in pushes.items()},
+                                     {self.shard: acks})
+                break
+            except (redis.RedisError, OSError) as exc:
+                errors += 1
+                self.log.error("commit_failed", error=_one_line(exc), consecutive=errors)
+                gevent.sleep(min(0.2 * 2 ** min(errors, 5), 5.0))
+        self._in_commit = 0
+        for t in acks:
+            self.held.discard(t)
+        for items in pushes.values():
+            self.links.remember(items.keys())
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _attempts_note(error: str | None, claim: Claim) -> str | None:
+    if claim.attempts <= 1:
+        return error
+    return f"{error or 'failed'} (gave up after {claim.attempts} attempts)"
