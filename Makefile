@@ -12,7 +12,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := redis-server python3-venv python3-doc postgresql-doc-15 sqlite3-doc git-doc
 PYTEST_ARGS ?=
 
-.PHONY: all sysdeps venv test test-fast demo bench clean
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' crawld/__init__.py)
+DEB_BUILD_PACKAGES := debhelper dh-virtualenv python3-venv build-essential lintian
+
+.PHONY: all sysdeps venv test test-fast demo bench deb clean
 
 all: test
 
@@ -46,5 +49,22 @@ demo: sysdeps venv
 bench: sysdeps venv
 	$(PY) bench/cpu_per_page.py
 
+# A .deb for Debian 12: a virtualenv under /opt/venvs/crawld (dh-virtualenv),
+# the systemd units and /etc/crawl-workers; lintian errors fail the build.
+deb:
+	@missing=""; for p in $(DEB_BUILD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	rm -rf build/deb && mkdir -p build/deb/crawld-$(VERSION) dist
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -x -C build/deb/crawld-$(VERSION)
+	cp -r packaging/debian build/deb/crawld-$(VERSION)/debian
+	cd build/deb/crawld-$(VERSION) && dpkg-buildpackage -us -uc -b
+	lintian --fail-on error --suppress-tags-from-file packaging/lintian-suppressed build/deb/crawld_$(VERSION)_*.deb
+	cp build/deb/crawld_$(VERSION)_*.deb dist/
+	@ls -l dist/crawld_$(VERSION)_*.deb
+
 clean:
-	rm -rf $(VENV) crawl-output demo-output .pytest_cache
+	rm -rf $(VENV) crawl-output demo-output .pytest_cache build dist

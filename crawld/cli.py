@@ -15,7 +15,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import __version__, exitcodes
+from . import __version__, exitcodes, settings
 from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
 from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
@@ -23,7 +23,7 @@ from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
 from .output import check_writable, list_parts
-from .redisconn import RedisUnfit, check, connect, redis_url
+from .redisconn import RedisUnfit, check, connect
 from .urls import BadURL
 
 
@@ -39,10 +39,30 @@ class CliError(Exception):
         self.code = code
 
 
+_MACHINE: settings.MachineSettings | None = None
+
+
+def machine() -> settings.MachineSettings:
+    """This machine's settings (/etc/crawl-workers, environment), read once.
+
+    Raises:
+        ConfigError: naming the bad setting.
+    """
+    global _MACHINE
+    if _MACHINE is None:
+        _MACHINE = settings.load()
+    return _MACHINE
+
+
+def _redis_url(args) -> str | None:
+    return getattr(args, "redis_url", None) or machine()["REDIS_URL"]
+
+
 def _client(args):
-    url = redis_url(getattr(args, "redis_url", None))
+    url = _redis_url(args)
     if not url:
-        raise CliError("REDIS_URL is not set (or pass --redis-url)", exitcodes.CONFIG)
+        raise CliError("REDIS_URL is not set (in /etc/crawl-workers/env, the environment, or --redis-url)",
+                       exitcodes.CONFIG)
     client = connect(url)
     check(client, url)
     return client
@@ -100,7 +120,7 @@ def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
                    help="any crawl setting, e.g. --set robots_ttl_s=3600 (repeatable; see 'crawlctl settings')")
 
 
-def _newcrawl_id_arg() -> str:
+def _new_crawl_id() -> str:
     return "run-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 10000:04d}"
 
 
@@ -114,24 +134,22 @@ def cmd_run(args) -> int:
     if args.shards is not None and args.shards > MAX_LOCAL_SHARDS:
         raise CliError(f"num_shards: crawlctl run starts one process per shard; use at most {MAX_LOCAL_SHARDS} "
                        "here (serve more shards with crawld on a fleet)", exitcodes.CONFIG)
-    out = Path(args.out).resolve()
+    defaults = machine().crawl_defaults
+    out_text = args.out or defaults.get("output") or "crawl-output"
+    out = Path(out_text).resolve()
     try:
         check_writable(out)
     except OSError as exc:
-        raise CliError(f"--out {args.out}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
-    data = {"crawl_id": args.crawl_id or _newcrawl_id_arg(), "seeds": seeds, "output": str(out),
+        raise CliError(f"--out {out_text}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
+    data = {**defaults, "crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
             **_crawl_settings(args)}
     config = CrawlConfig.from_dict(data)
     if list_parts(out, config.crawl_id):
         raise CliError(f"crawl_id: {out / 'parts' / config.crawl_id} already holds parts of a crawl "
                        f"{config.crawl_id!r}; pick another --crawl-id or another --out", exitcodes.CONFIG)
-    proxy = args.proxy or os.environ.get("CRAWLD_PROXY")
-    if proxy:
-        try:
-            proxy = proxy_url(proxy)
-        except argparse.ArgumentTypeError as exc:
-            raise CliError(f"proxy: {exc}", exitcodes.CONFIG) from None
-    opts = RunOptions(redis_url=redis_url(args.redis_url), concurrency=args.workers, proxy=proxy,
+    proxy = args.proxy or machine()["CRAWLD_PROXY"]
+    workers = args.workers or machine()["NUM_WORKERS"]
+    opts = RunOptions(redis_url=_redis_url(args), concurrency=workers, proxy=proxy,
                       drain_timeout_s=args.drain_timeout,
                       progress=sys.stderr.isatty() and not args.quiet)
     try:
@@ -151,8 +169,10 @@ def cmd_seed(args) -> int:
     if not args.crawl_id:
         raise CliError("--crawl-id is required", exitcodes.USAGE)
     seeds = check_seeds(args.seeds)
-    data = {"crawl_id": args.crawl_id, "seeds": seeds, "output": str(Path(args.out).resolve()),
-            **_crawl_settings(args)}
+    defaults = machine().crawl_defaults
+    out_text = args.out or defaults.get("output") or "crawl-output"
+    output = out_text if "://" in out_text else str(Path(out_text).resolve())
+    data = {**defaults, "crawl_id": args.crawl_id, "seeds": seeds, "output": output, **_crawl_settings(args)}
     config = CrawlConfig.from_dict(data)
     client = _client(args)
     create_crawl(client, config)
@@ -182,7 +202,7 @@ def cmd_queue_depth(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    if args.created_at or not redis_url(args.redis_url):
+    if args.created_at or not _redis_url(args):
         created = CrawlConfig(crawl_id=args.crawl_id).replace(
             **({"created_at": args.created_at} if args.created_at else {})).created_at
         output = args.out
@@ -203,6 +223,12 @@ def cmd_merge(args) -> int:
 
 
 def cmd_settings(args) -> int:
+    m = machine()
+    print(f"Machine settings (environment over {m.source or settings.DEFAULT_CONFIG_PATH}; "
+          "as JSON keys in lower case):\n")
+    print(settings.settings_table())
+    print("\nCrawl settings (stored with each crawl in Redis; set with crawlctl flags, --set NAME=VALUE, "
+          "or as defaults under \"crawl\" in the JSON file):\n")
     print(settings_table())
     return exitcodes.OK
 
@@ -223,9 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "print a summary.")
     r.add_argument("seeds", nargs="+", metavar="SEED_URL")
     _add_crawl_options(r, "crawl name (default: run-<UTC time>-<pid>)")
-    r.add_argument("--workers", type=int_range(1, 1000), default=os.environ.get("NUM_WORKERS", "32"), metavar="N",
+    r.add_argument("--workers", type=int_range(1, 1000), metavar="N",
                    help="concurrent fetches per shard worker, 1-1000 (default $NUM_WORKERS or 32)")
-    r.add_argument("--out", type=nonempty_path, default="crawl-output", metavar="DIR",
+    r.add_argument("--out", type=nonempty_path, metavar="DIR",
                    help="output directory: parts and crawls/YYYY/MM/DD/<id>.parquet (default ./crawl-output)")
     r.add_argument("--proxy", type=proxy_url, metavar="URL", help="HTTP proxy for every request (default: $CRAWLD_PROXY, "
                    "else the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables)")
@@ -241,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")
     s.add_argument("seeds", nargs="+", metavar="SEED_URL")
     _add_crawl_options(s, "crawl name (required)")
-    s.add_argument("--out", type=nonempty_path, default=os.environ.get("OUTPUT_BUCKET", "crawl-output"), metavar="DIR",
+    s.add_argument("--out", type=nonempty_path, metavar="DIR",
                    help="output location (default $OUTPUT_BUCKET or ./crawl-output)")
     s.add_argument("--redis-url")
     s.set_defaults(func=cmd_seed)

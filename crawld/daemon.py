@@ -1,23 +1,42 @@
-"""``crawld``: the daemon; serves a set of shards of a crawl on this machine.
+"""``crawld``: the daemon; serves a set of shards on this machine.
 
-``crawld --shards 0-3`` (or ``crawld@0-3.service``: the instance name is the
-shard set) runs one worker process per listed shard plus a reclaim process
-under :class:`crawld.supervisor.Supervisor`, until SIGTERM.
+``crawld --shards 0-3`` (under systemd ``crawld@0-3.service``: the instance
+name is the shard set) runs one worker process per listed shard, serving
+that shard of every active crawl (or of ``CRAWL_ID`` only), plus one
+reclaim process, under :class:`crawld.supervisor.Supervisor`, until
+SIGTERM.  Settings come from ``/etc/crawl-workers/shard_config.json`` and
+the environment (:mod:`crawld.settings`).
+
+Start-up checks, each a one-line error and a named exit code: settings
+valid (78), Redis reachable and ``noeviction`` (69), the crawl known and
+covering the shards (78), its output writable (73).
+
+Under systemd (``Type=notify``) it reports READY once its children are
+started, STATUS lines (what it serves, children given up), STOPPING on
+SIGTERM and a WATCHDOG ping from its main loop.  It publishes its state to
+Redis (``crawld:supervisors``) for ``crawlctl``.  SIGHUP re-reads the
+settings file and restarts the children with it (a bad file is reported
+and the running configuration kept).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import time
 
-from . import __version__, exitcodes, logs
+import redis
+
+from . import __version__, exitcodes, keys, logs, settings
+from .cliargs import Parser, crawl_id_arg
 from .config import ConfigError
 from .crawls import load_crawl
 from .output import check_writable
-from .redisconn import RedisUnfit, check, connect, redis_url
-from .cliargs import Parser, crawl_id_arg, positive_float
-from .supervisor import Supervisor, crawl_children
-
+from .redisconn import RedisUnfit, check, connect, redact
+from .sdnotify import Notifier
+from .supervisor import ChildSpec, Supervisor, crawl_children
 
 #: the largest num_shards a crawl may have (see crawld.config).
 MAX_SHARDS = 4096
@@ -28,7 +47,7 @@ def parse_shard_set(text: str) -> list[int]:
     names too), sorted and unique.
 
     Raises:
-        ConfigError: malformed text or a negative shard.
+        ConfigError: malformed text, or a shard outside 0..4095.
     """
     out: set[int] = set()
     try:
@@ -48,34 +67,143 @@ def parse_shard_set(text: str) -> list[int]:
     return sorted(out)
 
 
+def shard_label(shards: list[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``0-3,7``."""
+    runs, start = [], None
+    for i, s in enumerate(shards):
+        if start is None:
+            start = s
+        if i + 1 == len(shards) or shards[i + 1] != s + 1:
+            runs.append(str(start) if start == s else f"{start}-{s}")
+            start = None
+    return ",".join(runs)
+
+
+class Daemon:
+    """One crawld: the supervisor of this machine's shard workers."""
+
+    def __init__(self, machine: settings.MachineSettings, shards: list[int], redis_url: str,
+                 crawl_id: str | None, client: redis.Redis, config_path: str | None, log):
+        self.machine = machine
+        self.shards = shards
+        self.redis_url = redis_url
+        self.crawl_id = crawl_id
+        self.client = client
+        self.config_path = config_path
+        self.log = log
+        self.notifier = Notifier()
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.started_at = time.time()
+        self.sup = Supervisor(self._specs(machine), drain_timeout_s=machine["DRAIN_TIMEOUT_S"],
+                              crash_loop_limit=machine["CRASH_LOOP_LIMIT"], reload=self._reload, log=log)
+        self._status = ""
+
+    def _specs(self, m: settings.MachineSettings) -> list[ChildSpec]:
+        env = {"REDIS_URL": self.redis_url, "LEASE_TTL_S": str(m["LEASE_TTL_S"]),
+               "CRAWLD_LOG_LEVEL": m["CRAWLD_LOG_LEVEL"]}
+        wargs = ["--concurrency", str(m["NUM_WORKERS"]), "--drain-timeout", str(m["DRAIN_TIMEOUT_S"])]
+        if self.crawl_id:
+            wargs += ["--crawl-id", self.crawl_id]
+        if m["CRAWLD_PROXY"]:
+            wargs += ["--proxy", m["CRAWLD_PROXY"]]
+        return crawl_children(self.shards, wargs, ["--crawl-id", self.crawl_id] if self.crawl_id else [], env)
+
+    def _reload(self) -> list[ChildSpec]:
+        m = settings.load(path=self.config_path)
+        self.machine = m
+        self.sup.drain_timeout_s = m["DRAIN_TIMEOUT_S"]
+        self.sup.crash_loop_limit = m["CRASH_LOOP_LIMIT"]
+        self.log.info("settings_reloaded", source=m.source or "environment")
+        return self._specs(m)
+
+    def _publish(self) -> None:
+        state = {"host": socket.gethostname(), "pid": os.getpid(), "shards": shard_label(self.shards),
+                 "crawl_id": self.crawl_id, "version": __version__, "started_at": self.started_at,
+                 "updated_at": time.time(), "children": self.sup.state(), "gave_up": self.sup.gave_up}
+        try:
+            self.client.hset(keys.SUPERVISORS, self.name, json.dumps(state))
+        except redis.RedisError as exc:
+            self.log.warning("publish_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        status = f"serving shards {shard_label(self.shards)} of {self.crawl_id or 'every crawl'}"
+        if self.sup.gave_up:
+            status += f"; given up (crash loop): {', '.join(self.sup.gave_up)}"
+        if status != self._status:
+            self._status = status
+            self.notifier.status(status)
+
+    def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT (exit 0) or until every worker is
+        crash-looping (exit 70)."""
+        workers = {f"worker-{s}" for s in self.shards}
+        self.sup.start()
+        self._publish()
+        self.notifier.ready(self._status)
+        self.log.info("crawld_started", shards=shard_label(self.shards), crawl_id=self.crawl_id,
+                      redis=redact(self.redis_url), version=__version__)
+        tick = min(1.0, self.notifier.watchdog_interval_s or 1.0)
+        last_publish = 0.0
+        try:
+            while not self.sup.stopping:
+                self.sup.tick(tick)
+                self.notifier.watchdog()
+                if time.monotonic() - last_publish >= 5.0:
+                    self._publish()
+                    last_publish = time.monotonic()
+                if workers <= set(self.sup.gave_up):
+                    self.log.error("crawld_failed", reason="every worker is crash-looping", gave_up=self.sup.gave_up)
+                    break
+        finally:
+            self.notifier.stopping("draining")
+            drain = self.sup.stop()
+            self.log.info("crawld_stopped", drain_s=round(drain, 3))
+            try:
+                self.client.hdel(keys.SUPERVISORS, self.name)
+            except redis.RedisError:
+                pass
+        return exitcodes.SOFTWARE if workers <= set(self.sup.gave_up) else exitcodes.OK
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="crawld", description="Serve shards of a crawl on this machine.",
-                                epilog="Environment: REDIS_URL, CRAWL_ID, NUM_WORKERS (concurrent fetches per "
-                                       "shard worker), CRAWLD_PROXY.")
+    p = Parser(prog="crawld", description="Serve shards of the crawls in Redis on this machine: one worker "
+               "process per shard, one reclaim process, restarted when they die.",
+               epilog="Settings: /etc/crawl-workers/shard_config.json (or $CRAWLD_CONFIG), overridden by the "
+                      "environment (REDIS_URL, CRAWL_ID, NUM_WORKERS, DRAIN_TIMEOUT_S, LEASE_TTL_S, ...); "
+                      "'crawlctl settings' lists them all. Exit codes: 0 stopped, 64 usage, 69 Redis "
+                      "unavailable, 70 every worker crash-looping, 73 output not writable, 78 bad setting.")
     p.add_argument("--version", action="version", version=f"crawld {__version__}")
-    p.add_argument("--shards", default=os.environ.get("CRAWLD_SHARDS"), help="shard set, e.g. 0-3 or 0,2,5")
-    p.add_argument("--crawl-id", type=crawl_id_arg, default=os.environ.get("CRAWL_ID"))
-    p.add_argument("--redis-url", default=None)
-    p.add_argument("--drain-timeout", type=positive_float, default=os.environ.get("DRAIN_TIMEOUT_S", "30"),
-                   metavar="S", help="seconds children get to drain on SIGTERM (default $DRAIN_TIMEOUT_S or 30)")
+    p.add_argument("--shards", help="shard set, e.g. 0-3 or 0,2,5 (systemd: the instance name); "
+                   "default $CRAWLD_SHARDS")
+    p.add_argument("--crawl-id", type=crawl_id_arg, help="serve only this crawl (default $CRAWL_ID, "
+                   "else every crawl in Redis)")
+    p.add_argument("--redis-url", help="default $REDIS_URL")
+    p.add_argument("--config", metavar="FILE", help="settings file (default $CRAWLD_CONFIG or "
+                   "/etc/crawl-workers/shard_config.json)")
+    p.add_argument("--check", action="store_true", help="run the start-up checks, print the result, exit")
     args = p.parse_args(argv)
-    log = logs.setup(proc="crawld")
     try:
-        if not args.shards:
-            raise ConfigError("shards: give --shards (e.g. 0-3) or $CRAWLD_SHARDS")
-        shards = parse_shard_set(args.shards)
-        if not args.crawl_id:
-            raise ConfigError("CRAWL_ID: not set (or pass --crawl-id)")
-        url = redis_url(args.redis_url)
+        machine = settings.load(path=args.config)
+    except ConfigError as exc:
+        print(f"crawld: error: {exc}", file=sys.stderr)
+        return exitcodes.CONFIG
+    log = logs.setup(machine["CRAWLD_LOG_LEVEL"], proc="crawld")
+    try:
+        shards_text = args.shards or machine["CRAWLD_SHARDS"]
+        if not shards_text:
+            raise ConfigError("shards: give --shards (e.g. 0-3), the systemd instance, or $CRAWLD_SHARDS")
+        shards = parse_shard_set(shards_text)
+        crawl_id = args.crawl_id or machine["CRAWL_ID"]
+        url = args.redis_url or machine["REDIS_URL"]
         if not url:
-            raise ConfigError("REDIS_URL: not set")
+            raise ConfigError("REDIS_URL: not set (in /etc/crawl-workers/env, the environment or --redis-url)")
         client = connect(url)
         check(client, url)
-        config = load_crawl(client, args.crawl_id)
-        bad = [s for s in shards if s >= config.num_shards]
-        if bad:
-            raise ConfigError(f"shards: {bad} not in 0..{config.num_shards - 1} (crawl has {config.num_shards})")
-        check_writable(config.output)
+        if crawl_id:
+            config = load_crawl(client, crawl_id)
+            bad = [s for s in shards if s >= config.num_shards]
+            if bad:
+                raise ConfigError(f"shards: {shard_label(bad)} not in 0..{config.num_shards - 1} "
+                                  f"(crawl {crawl_id} has {config.num_shards})")
+            check_writable(config.output)
     except ConfigError as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
@@ -85,18 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"crawld: error: output {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return exitcodes.CANTCREAT
-    env = {"REDIS_URL": url}
-    wargs = ["--crawl-id", config.crawl_id, "--drain-timeout", str(args.drain_timeout)]
-    specs = crawl_children(shards, wargs, [], env)
-    sup = Supervisor(specs, drain_timeout_s=args.drain_timeout, log=log.bind(crawl_id=config.crawl_id))
-    workers = {s.name for s in specs if s.name.startswith("worker-")}
-    # serve until stopped; give up (and let the service manager see a
-    # failure) only when every worker is crash-looping
-    sup.run(until=lambda: workers <= set(sup.gave_up))
-    if sup.gave_up:
-        log.error("crawld_failed", gave_up=sup.gave_up)
-        return exitcodes.SOFTWARE
-    return exitcodes.OK
+    if args.check:
+        print(f"crawld: ok: shards {shard_label(shards)} of {crawl_id or 'every crawl'}, Redis {redact(url)} "
+              f"(noeviction), settings from {machine.source or 'the environment'}")
+        return exitcodes.OK
+    return Daemon(machine, shards, url, crawl_id, client, args.config, log).run()
 
 
 if __name__ == "__main__":

@@ -129,3 +129,7 @@ def crawl_patterns(crawl_id: str) -> tuple[str, str]:
 
 #: set of the ids of crawls that have a config in this Redis.
 CRAWLS = f"{PREFIX}:crawls"
+
+#: hash: "host:pid" of each running crawld -> its state (JSON: shards,
+#: children, restarts, given-up children, updated_at).
+SUPERVISORS = f"{PREFIX}:supervisors"

@@ -60,6 +60,7 @@ class _Child:
     restarts: int = 0
     next_start: float = 0.0
     gave_up: bool = False
+    reloading: bool = False
 
 
 def python_child(name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> ChildSpec:
@@ -93,7 +94,8 @@ class Supervisor:
 
     def __init__(self, specs: list[ChildSpec], *, drain_timeout_s: float = 30.0,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, crash_loop_limit: int = 5,
-                 stable_after_s: float = 30.0, kill_grace_s: float = 5.0, log=None):
+                 stable_after_s: float = 30.0, kill_grace_s: float = 5.0,
+                 reload: Callable[[], list[ChildSpec]] | None = None, log=None):
         self.children = [_Child(s) for s in specs]
         self.drain_timeout_s = drain_timeout_s
         self.backoff_base_s = backoff_base_s
@@ -101,6 +103,7 @@ class Supervisor:
         self.crash_loop_limit = crash_loop_limit
         self.stable_after_s = stable_after_s
         self.kill_grace_s = kill_grace_s
+        self.reload = reload
         self.log = log or logs.setup(proc="supervisor")
         self.stopping = False
         self.stop_signal: int | None = None
@@ -145,12 +148,23 @@ class Supervisor:
     handle_int = handle_quit = handle_term
 
     def handle_hup(self, signum: int) -> None:
+        """Reload: new child specs from ``reload`` (if given; on error the
+        old ones stay), then restart every child (drained, not counted as a
+        failure; a given-up child gets another chance)."""
         self.log.info("reload_requested")
+        if self.reload is not None:
+            try:
+                specs = {s.name: s for s in self.reload()}
+            except Exception as exc:  # noqa: BLE001 - a bad reload must not stop the daemon
+                self.log.error("reload_failed", error=str(exc), action="kept the running configuration")
+                return
+            for c in self.children:
+                c.spec = specs.get(c.spec.name, c.spec)
         for c in self.children:
+            c.failures, c.gave_up, c.next_start = 0, False, 0.0
             if c.proc and c.proc.poll() is None:
+                c.reloading = True
                 c.proc.send_signal(signal.SIGTERM)
-                c.next_start = 0.0
-                c.failures = 0
 
     def handle_chld(self, signum: int) -> None:
         pass  # reaping happens every tick
@@ -172,6 +186,11 @@ class Supervisor:
             ran = now - c.started
             c.proc = None
             if self.stopping:
+                continue
+            if c.reloading:
+                c.reloading = False
+                c.next_start = now
+                self.log.info("child_reloaded", child=c.spec.name, pid=pid, exit_code=code)
                 continue
             if ran >= self.stable_after_s:
                 c.failures = 0
@@ -201,6 +220,11 @@ class Supervisor:
     def pids(self) -> dict[str, int]:
         """Running children by name."""
         return {c.spec.name: c.proc.pid for c in self.children if c.proc and c.proc.poll() is None}
+
+    def state(self) -> dict[str, dict]:
+        """Per child: pid (None when down), restarts, given up."""
+        return {c.spec.name: {"pid": c.proc.pid if c.proc and c.proc.poll() is None else None,
+                              "restarts": c.restarts, "gave_up": c.gave_up} for c in self.children}
 
     # -- loop --------------------------------------------------------------------
     def _sleep(self, timeout: float) -> None:

@@ -23,12 +23,15 @@ import pytest
 import redis
 
 from crawld.localredis import RedisServer
+from crawld.settings import MACHINE_SETTINGS
 from crawld.sitesrv import SiteServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PYDOCS = Path("/usr/share/doc/python3-doc/html")
 PYDOCS_HOST = "docs.pyref-test.org"
 CRAWLCTL = str(Path(sys.executable).with_name("crawlctl"))
+#: environment variables that configure crawld on a machine; tests set their own
+MACHINE_ENV = {s.env for s in MACHINE_SETTINGS} | {"CRAWLD_CONFIG"}
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +70,8 @@ def site_server(pydocs):
 
 def crawlctl(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``crawlctl args`` and return the completed process (text mode)."""
-    e = dict(os.environ)
-    e.pop("REDIS_URL", None)
+    e = {k: v for k, v in os.environ.items() if k not in MACHINE_ENV}
+    e["CRAWLD_CONFIG"] = "/nonexistent/crawld-test-config.json"  # not this machine's /etc/crawl-workers
     e.update(env or {})
     return subprocess.run([CRAWLCTL, *args], capture_output=True, text=True, timeout=timeout, env=e)
 

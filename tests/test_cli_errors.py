@@ -162,8 +162,11 @@ def test_usage_errors_exit_64(args, needle):
     assert_usage_error(crawlctl(*args), needle)
 
 
-def test_bad_environment_default_is_a_usage_error():
-    assert_usage_error(crawlctl("run", "http://x.com/", env={"NUM_WORKERS": "abc"}), "--workers")
+@pytest.mark.parametrize("var,value", [("NUM_WORKERS", "abc"), ("NUM_WORKERS", "0"), ("CRAWLD_PROXY", "notaurl"),
+                                       ("REDIS_URL", "http://x"), ("LEASE_TTL_S", "-1"), ("CRAWL_ID", "a b")])
+def test_bad_machine_setting_in_the_environment(var, value, tmp_path):
+    proc = crawlctl("run", "http://x.com/", "--out", str(tmp_path), env={var: value})
+    assert_one_line_error(proc, exitcodes.CONFIG, f"{var}: ")
 
 
 def test_daemon_huge_shard_range_is_refused_at_once():
