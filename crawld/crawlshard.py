@@ -59,6 +59,7 @@ class CrawlShard:
         self.shard = shard
         self.lease_token = lease_token
         self.leased = False
+        self._lease_known = False
         self.frontier = Frontier(client, config)
         self.router = Router(config)
         self.session = make_session(config, concurrency, proxy)
@@ -118,12 +119,13 @@ class CrawlShard:
         """Take or renew this shard's lease; logs changes.  Returns whether
         this worker serves the shard now."""
         ok = self.frontier.lease(self.shard, self.lease_token, ttl_s)
-        if ok != self.leased:
+        if ok != self.leased or not self._lease_known:
+            self._lease_known = True
             if ok:
                 self.log.info("lease_acquired")
             else:
                 holder = self.frontier.leaseholder(self.shard)
-                self.log.warning("lease_held_elsewhere", holder=holder)
+                self.log.warning("lease_held_elsewhere", holder=holder, action="standing by")
         self.leased = ok
         return ok
 

@@ -142,11 +142,13 @@ class Daemon:
                       redis=redact(self.redis_url), version=__version__)
         tick = min(1.0, self.notifier.watchdog_interval_s or 1.0)
         last_publish = 0.0
+        reported = 0
         try:
             while not self.sup.stopping:
                 self.sup.tick(tick)
                 self.notifier.watchdog()
-                if time.monotonic() - last_publish >= 5.0:
+                if time.monotonic() - last_publish >= 5.0 or len(self.sup.gave_up) != reported:
+                    reported = len(self.sup.gave_up)
                     self._publish()
                     last_publish = time.monotonic()
                 if workers <= set(self.sup.gave_up):

@@ -38,8 +38,11 @@ class Notifier:
         msg = "\n".join(f"{k}={v}" for k, v in fields.items()).encode()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                # never block the supervisor on a notification: a full
+                # receiver queue drops it (EAGAIN)
+                s.setblocking(False)
                 s.connect(self.address)
-                s.sendall(msg)
+                s.send(msg)
             return True
         except OSError:
             return False
