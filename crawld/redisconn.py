@@ -54,12 +54,14 @@ def redact(url: str) -> str:
 
 
 def check(client: redis.Redis, url: str = "") -> dict:
-    """Check that Redis answers and will never evict frontier keys.
+    """Check that Redis answers, lets this user run Lua scripts, and will
+    never evict frontier keys.
 
     Returns the ``INFO server`` and ``INFO memory`` fields.
 
     Raises:
-        RedisUnfit: unreachable, authentication failed, or
+        RedisUnfit: unreachable, authentication failed, scripting not
+            permitted (ACL), or
             ``maxmemory-policy`` is not ``noeviction`` (an evicting Redis
             would silently lose queued URLs and visited state).
     """
@@ -74,6 +76,16 @@ def check(client: redis.Redis, url: str = "") -> dict:
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RedisUnfit(f"cannot reach Redis at {where}: {msg}") from None
+    try:
+        # the frontier is Lua scripts run by SHA: a user without @scripting
+        # would leave every worker crash-looping
+        sha = client.script_load("return 1")
+        client.evalsha(sha, 0)
+    except redis.exceptions.NoPermissionError as exc:
+        raise RedisUnfit(f"{where}: this user may not run the frontier's Lua scripts "
+                         f"(needs SCRIPT LOAD and EVALSHA, ACL category @scripting): {exc}") from None
+    except redis.ResponseError as exc:
+        raise RedisUnfit(f"{where}: cannot run the frontier's Lua scripts: {exc}") from None
     policy = info.get("maxmemory_policy")
     if isinstance(policy, bytes):
         policy = policy.decode()
