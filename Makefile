@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # redis-server: the frontier; *-doc: the real sites of the demo and tests;
-# python3-venv: the virtualenv.
-APT_PACKAGES := redis-server python3-venv python3-doc postgresql-doc-15 sqlite3-doc git-doc
+# python3-venv: the virtualenv; prometheus: /usr/bin/promtool, which checks and
+# unit-tests etc/prometheus/crawld-alerts.yml (tests/test_observability_files.py).
+APT_PACKAGES := redis-server python3-venv python3-doc postgresql-doc-15 sqlite3-doc git-doc prometheus
 PYTEST_ARGS ?=
 
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' crawld/__init__.py)

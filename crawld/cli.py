@@ -12,11 +12,12 @@ import argparse
 import json
 import os
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__, exitcodes, settings
-from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, positive_float, proxy_url
+from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, percent, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
 from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
 from .frontier import Frontier
@@ -120,6 +121,12 @@ def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
                    help="any crawl setting, e.g. --set robots_ttl_s=3600 (repeatable; see 'crawlctl settings')")
 
 
+def _with_family(config: CrawlConfig) -> CrawlConfig:
+    """``config`` with its ``family`` stored explicitly (empty = the seeds'
+    registered domains), so that later crawls of the same sites compare."""
+    return config if config.family else config.replace(family=config.family_name)
+
+
 def _new_crawl_id() -> str:
     return "run-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 10000:04d}"
 
@@ -143,7 +150,7 @@ def cmd_run(args) -> int:
         raise CliError(f"--out {out_text}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
     data = {**defaults, "crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
             **_crawl_settings(args)}
-    config = CrawlConfig.from_dict(data)
+    config = _with_family(CrawlConfig.from_dict(data))
     if list_parts(out, config.crawl_id):
         raise CliError(f"crawl_id: {out / 'parts' / config.crawl_id} already holds parts of a crawl "
                        f"{config.crawl_id!r}; pick another --crawl-id or another --out", exitcodes.CONFIG)
@@ -173,7 +180,7 @@ def cmd_seed(args) -> int:
     out_text = args.out or defaults.get("output") or "crawl-output"
     output = out_text if "://" in out_text else str(Path(out_text).resolve())
     data = {**defaults, "crawl_id": args.crawl_id, "seeds": seeds, "output": output, **_crawl_settings(args)}
-    config = CrawlConfig.from_dict(data)
+    config = _with_family(CrawlConfig.from_dict(data))
     client = _client(args)
     create_crawl(client, config)
     n = seed(client, config, seeds)
@@ -201,11 +208,106 @@ def cmd_queue_depth(args) -> int:
     return exitcodes.OK
 
 
+def cmd_status(args) -> int:
+    from . import keys, status
+
+    client = _client(args)
+    frontier = Frontier(client, load_crawl(client, args.crawl_id))
+    while True:
+        st = status.crawl_status(frontier)
+        drains = {k.decode(): float(v) for k, v in client.hgetall(keys.DRAIN).items()}
+        st["drain_requested"] = sorted(drains)
+        st["supervisors"] = {}
+        for name, raw in client.hgetall(keys.SUPERVISORS).items():
+            try:
+                st["supervisors"][name.decode()] = json.loads(raw)
+            except ValueError:
+                continue
+        if args.json:
+            print(json.dumps(st), flush=True)
+        else:
+            text = status.render(st)
+            if drains:
+                text += f"\ndrain requested: shards {', '.join(sorted(drains))} (crawlctl drain --cancel)"
+            for name, sup in sorted(st["supervisors"].items()):
+                up = sum(1 for c in sup.get("children", {}).values() if c.get("pid"))
+                restarts = sum(c.get("restarts", 0) for c in sup.get("children", {}).values())
+                text += (f"\ncrawld {name}: shards {sup.get('shards')}, {up}/{len(sup.get('children', {}))} "
+                         f"children up, {restarts} restart(s)"
+                         + (f", given up: {', '.join(sup['gave_up'])}" if sup.get("gave_up") else ""))
+            if args.watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(text, flush=True)
+        if not args.watch:
+            return exitcodes.OK
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return exitcodes.OK
+        if not args.json:
+            print(flush=True)
+
+
+def cmd_drain(args) -> int:
+    from . import keys
+
+    client = _client(args)
+    fields = [str(s) for s in args.shard] if args.shard else ["all"]
+    if args.cancel:
+        client.hdel(keys.DRAIN, *fields)
+        if not args.shard:
+            client.delete(keys.DRAIN)
+        print(f"drain cancelled for {_shards_text(fields)}: workers claim again within ~2 s")
+        return exitcodes.OK
+    client.hset(keys.DRAIN, mapping={f: time.time() for f in fields})
+    print(f"drain requested for {_shards_text(fields)}: workers stop claiming, finish and ack what they "
+          f"hold, give their leases up and wait ('crawlctl drain --cancel' resumes)")
+    if not args.wait:
+        return exitcodes.OK
+    crawls = sorted(x.decode() for x in client.smembers(keys.CRAWLS))
+    deadline = time.monotonic() + args.wait
+    while True:
+        busy = []
+        for cid in crawls:
+            try:
+                config = load_crawl(client, cid)
+            except ConfigError:
+                continue
+            shards = range(config.num_shards) if not args.shard else [s for s in args.shard if s < config.num_shards]
+            for shard in shards:
+                k = keys.shard_keys(cid, shard)
+                if client.exists(k.lease) or client.zcard(k.claimed):
+                    busy.append(f"{cid}:{shard}")
+        if not busy:
+            print("drained: no lease held and nothing claimed on those shards")
+            return exitcodes.OK
+        if time.monotonic() >= deadline:
+            raise CliError(f"not drained within {args.wait:g}s: still leased or claimed: {', '.join(busy[:10])}",
+                           exitcodes.FAILED)
+        time.sleep(0.5)
+
+
+def _shards_text(fields: list[str]) -> str:
+    return "every shard" if fields == ["all"] else f"shard(s) {', '.join(fields)}"
+
+
+def cmd_reclaim(args) -> int:
+    from . import keys
+    from .reclaim import reclaim_pass
+
+    client = _client(args)
+    ids = [args.crawl_id] if args.crawl_id else sorted(x.decode() for x in client.smembers(keys.CRAWLS))
+    for cid in ids:
+        requeued, dead = reclaim_pass(Frontier(client, load_crawl(client, cid)))
+        print(f"crawl {cid}: requeued={requeued} dead_lettered={dead}")
+    return exitcodes.OK
+
+
 def cmd_merge(args) -> int:
     if args.created_at or not _redis_url(args):
         created = CrawlConfig(crawl_id=args.crawl_id).replace(
             **({"created_at": args.created_at} if args.created_at else {})).created_at
-        output = args.out
+        output, client = args.out, None
     else:
         client = _client(args)
         config = load_crawl(client, args.crawl_id)
@@ -217,9 +319,42 @@ def cmd_merge(args) -> int:
     if not list_parts(output, args.crawl_id):
         raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
     res = merge_crawl(output, args.crawl_id, created)
+    if client is not None:
+        from .verify import record_merge
+
+        record_merge(client, config, res)  # for 'crawlctl verify' (row count vs the previous crawl)
     print(f"artifact={res.path} rows={res.rows} duplicates_dropped={res.duplicates} "
-          f"torn_lines_skipped={res.bad_lines} parts={res.parts}")
+          f"torn_lines_skipped={res.bad_lines} parts={res.parts} "
+          f"cross_shard_duplicates={res.cross_shard_duplicates}")
     return exitcodes.OK
+
+
+def cmd_verify(args) -> int:
+    from . import verify
+
+    client = _client(args)
+    config = load_crawl(client, args.crawl_id)
+    try:
+        path, checks = verify.run_checks(client, config, args.artifact, args.tolerance / 100.0,
+                                         args.band / 100.0)
+    except FileNotFoundError as exc:
+        raise CliError(f"no artifact of crawl {config.crawl_id!r} at {exc.filename} (run 'crawlctl merge "
+                       f"--crawl-id {config.crawl_id}' first, or give --artifact)", exitcodes.NOINPUT)
+    except Exception as exc:  # noqa: BLE001 - a file that is not a readable artifact
+        import pyarrow as pa
+
+        if not isinstance(exc, pa.ArrowException):
+            raise
+        where = args.artifact or "the artifact"
+        raise CliError(f"{where}: not a readable Parquet artifact ({str(exc).splitlines()[0][:200]})",
+                       exitcodes.NOINPUT)
+    if args.json:
+        print(verify.report_json(config.crawl_id, path, checks))
+    else:
+        for c in checks:
+            print(c.line())
+        print(verify.summary_line(config.crawl_id, checks))
+    return exitcodes.OK if all(c.ok for c in checks) else exitcodes.FAILED
 
 
 def cmd_settings(args) -> int:
@@ -230,6 +365,53 @@ def cmd_settings(args) -> int:
     print("\nCrawl settings (stored with each crawl in Redis; set with crawlctl flags, --set NAME=VALUE, "
           "or as defaults under \"crawl\" in the JSON file):\n")
     print(settings_table())
+    return exitcodes.OK
+
+
+def cmd_shard_balance(args) -> int:
+    from . import balance
+
+    if args.crawl_id:
+        client = _client(args)
+        config = load_crawl(client, args.crawl_id)
+        base = {"num_shards": config.num_shards, "shard_overrides": config.shard_override_map}
+    else:
+        defaults = machine().crawl_defaults
+        base = {"num_shards": defaults.get("num_shards", 4), "shard_overrides": defaults.get("shard_overrides", {})}
+    for item in args.set or ():
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in ("shard_overrides", "num_shards"):
+            raise CliError(f"--set {item!r}: shard-balance takes --set shard_overrides=JSON or num_shards=N",
+                           exitcodes.USAGE)
+        base[name.strip()] = value
+    if args.num_shards is not None:
+        base["num_shards"] = args.num_shards
+    what_if = CrawlConfig.from_dict({"crawl_id": "shard-balance", **base})  # validates both, one-line errors
+    n, overrides = what_if.num_shards, what_if.shard_override_map
+    found_in = None
+    if args.crawl_id:
+        weights, found_in = balance.read_crawl_weights(client, config.crawl_id, config.num_shards)
+    else:
+        source = "<stdin>" if args.hosts == "-" else args.hosts
+        try:
+            if args.hosts == "-":
+                weights = balance.parse_hosts(sys.stdin, source)
+            else:
+                with open(args.hosts, encoding="utf-8", errors="replace") as f:
+                    weights = balance.parse_hosts(f, source)
+        except balance.HostsError as exc:
+            raise CliError(str(exc), exitcodes.DATAERR)
+        except OSError as exc:
+            raise CliError(f"--hosts {args.hosts}: cannot be read ({exc.strerror or exc})", exitcodes.DATAERR)
+        if not weights:
+            raise CliError(f"--hosts {source}: no host in it", exitcodes.DATAERR)
+    report = balance.balance_report(weights, n, overrides, top=args.top, found_in=found_in)
+    if args.crawl_id:
+        report["crawl_id"] = config.crawl_id
+    print(json.dumps(report) if args.json else balance.format_report(report))
+    if args.max_imbalance is not None and report["imbalance"] > args.max_imbalance:
+        raise CliError(f"imbalance {report['imbalance']:.2f} exceeds --max-imbalance {args.max_imbalance:g}",
+                       exitcodes.FAILED)
     return exitcodes.OK
 
 
@@ -286,8 +468,87 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--redis-url")
     m.set_defaults(func=cmd_merge)
 
+    ss = sub.add_parser("status", help="per shard: queued, hosts waiting, claimed, oldest claim, leaseholder, "
+                        "fetched, errors; totals",
+                        description="The state of a crawl in Redis, per shard and in total, and the crawld "
+                                    "supervisors that serve it.")
+    ss.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    ss.add_argument("--json", action="store_true", help="one JSON object (per refresh with --watch)")
+    ss.add_argument("--watch", type=positive_float, nargs="?", const=2.0, default=None, metavar="S",
+                    help="refresh every S seconds (default 2) until interrupted")
+    ss.add_argument("--redis-url")
+    ss.set_defaults(func=cmd_status)
+
+    dr = sub.add_parser("drain", help="ask running workers to drain (stop claiming, finish, give leases up)",
+                        description="Through Redis, ask the workers of some shards (default: all) to stop "
+                                    "claiming, finish and ack what they hold, release their leases and wait. "
+                                    "Applies to every crawl. --cancel resumes.")
+    dr.add_argument("--shard", type=int_range(0, 4095), action="append", metavar="N",
+                    help="shard to drain (repeatable; default: every shard)")
+    dr.add_argument("--cancel", action="store_true", help="resume claiming on those shards")
+    dr.add_argument("--wait", type=positive_float, nargs="?", const=120.0, default=None, metavar="S",
+                    help="wait up to S seconds (default 120) until no lease is held and nothing claimed; "
+                         "exit 1 if not")
+    dr.add_argument("--redis-url")
+    dr.set_defaults(func=cmd_drain)
+
+    rc = sub.add_parser("reclaim", help="run one reclaim pass: return expired claims to their queues",
+                        description="Return claims past their visibility timeout to their queues "
+                                    "(or dead-letter them after max_attempts), once.")
+    rc.add_argument("--crawl-id", type=crawl_id_arg, help="only this crawl (default: every crawl)")
+    rc.add_argument("--redis-url")
+    rc.set_defaults(func=cmd_reclaim)
+
+    v = sub.add_parser("verify", help="audit a finished crawl: PASS/FAIL per check, exit 1 if any fails",
+                       description="Run the audit checklist of a finished crawl: shards_drained, "
+                                   "claimed_empty, visited_vs_rows, row_count_vs_previous, politeness, "
+                                   "no_duplicates. One line per check (PASS or FAIL, name, figures), then "
+                                   "a final line. Exit 0 when all pass, 1 when any fails, 66 no artifact.")
+    v.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    v.add_argument("--artifact", type=nonempty_path, metavar="PATH",
+                   help="Parquet artifact to check (default: the one recorded by the last merge, else "
+                        "<output>/crawls/YYYY/MM/DD/<crawl_id>.parquet)")
+    v.add_argument("--tolerance", type=percent, default=2.0, metavar="PCT",
+                   help="visited_vs_rows: allowed difference per shard and in total, in %% (default 2)")
+    v.add_argument("--band", type=percent, default=25.0, metavar="PCT",
+                   help="row_count_vs_previous: allowed change from the previous crawl of the family, "
+                        "in %% (default 25)")
+    v.add_argument("--json", action="store_true", help="print the checks as one JSON object")
+    v.add_argument("--redis-url")
+    v.set_defaults(func=cmd_verify)
+
     st = sub.add_parser("settings", help="list every crawl setting with unit and default")
     st.set_defaults(func=cmd_settings)
+
+    sb = sub.add_parser(
+        "shard-balance", help="how politeness keys and their URLs spread over shards (imbalance ratio)",
+        description="Show how registered domains (politeness keys) and their expected URL counts spread "
+                    "over the shards: one line per shard (keys, weight, share), the imbalance ratio "
+                    "(heaviest shard / mean shard) and the heaviest keys with their shard. Use it before "
+                    "a crawl on a list of hosts, or on a running crawl, to choose num_shards and "
+                    "shard_overrides (which pin known-large domains to chosen shards).",
+        epilog="Hosts file: one host name or URL per line, optionally followed by whitespace and a weight "
+               "(expected URL count, default 1); '#' starts a comment; hosts of one registered domain add up. "
+               "Example CI check: crawlctl shard-balance --hosts hosts.txt --num-shards 8 "
+               "--set shard_overrides='{\"example.com\": 3}' --max-imbalance 1.5")
+    src = sb.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hosts", metavar="FILE", type=nonempty_path,
+                     help="hosts file ('-' for stdin); shard count and overrides default to this "
+                          "machine's crawl defaults (4 shards)")
+    src.add_argument("--crawl-id", type=crawl_id_arg,
+                     help="a crawl in Redis: weights are the URLs queued so far per registered domain; shard "
+                          "count and overrides default to the crawl's")
+    sb.add_argument("--num-shards", type=int_range(1, 4096), metavar="N",
+                    help="what N shards would give (re-hashes the keys; default: the crawl's or 4)")
+    sb.add_argument("--set", action="append", metavar="NAME=VALUE",
+                    help="shard_overrides=JSON (or num_shards=N) to try instead of the crawl's (repeatable)")
+    sb.add_argument("--top", type=int_range(0, 1000), default=5, metavar="K",
+                    help="heaviest keys listed (default 5)")
+    sb.add_argument("--max-imbalance", type=positive_float, metavar="X",
+                    help="exit 1 when the imbalance ratio is above X (e.g. 1.5, for CI)")
+    sb.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    sb.add_argument("--redis-url")
+    sb.set_defaults(func=cmd_shard_balance)
     return p
 
 

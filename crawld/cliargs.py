@@ -32,6 +32,17 @@ def int_range(lo: int, hi: int):
     return parse
 
 
+def percent(text: str) -> float:
+    """Type: a percentage, a number in [0, 1000]."""
+    try:
+        v = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (a percentage)") from None
+    if not 0 <= v <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} must be between 0 and 1000 (%)")
+    return v
+
+
 def positive_float(text: str) -> float:
     """Type: a number > 0 (seconds, usually)."""
     try:

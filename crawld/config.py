@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from . import __version__
 from .keys import check_crawl_id
+from .sharding import politeness_key
 from .urls import valid_host
 
 #: schema version of the config JSON stored in Redis.
@@ -118,6 +119,70 @@ def _domain_list(v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _shard_overrides(v: Any) -> tuple[tuple[str, int], ...]:
+    """Registered domain -> pinned shard, as a JSON object (or its text, as
+    given to ``--set``); normalised to sorted ``(domain, shard)`` pairs.
+    Shards are checked against ``num_shards`` in :meth:`CrawlConfig.from_dict`."""
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            v = json.loads(text) if text else {}
+        except ValueError:
+            raise ValueError("must be a JSON object of registered domain -> shard, e.g. "
+                             f"'{{\"example.com\": 3}}', got {text[:80]!r}") from None
+    if isinstance(v, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in v):
+        v = dict(v)
+    if not isinstance(v, dict):
+        raise ValueError("must be a JSON object of registered domain -> shard, e.g. {\"example.com\": 3}")
+    out = {}
+    for d, s in v.items():
+        if not isinstance(d, str) or not d:
+            raise ValueError(f"{d!r} is not a domain name")
+        if d != d.lower() or d != d.strip():
+            raise ValueError(f"{d!r} must be a lower-case registered domain (no spaces)")
+        if not valid_host(d):
+            raise ValueError(f"{d!r} is not a domain name")
+        key = politeness_key(d)
+        if key != d:
+            raise ValueError(f"{d!r} is not a registered domain (use {key!r})")
+        if isinstance(s, float) and s.is_integer():
+            s = int(s)
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"shard of {d!r} must be an integer >= 0, got {s!r}")
+        out[d] = s
+    return tuple(sorted(out.items()))
+
+
+def _family(v: Any) -> str:
+    """A crawl family name: any printable text, empty meaning the default
+    (the seeds' registered domains, see :func:`default_family`)."""
+    if not isinstance(v, str) or len(v) > 1000:
+        raise ValueError("must be a string of at most 1000 characters")
+    v = v.strip()
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+        raise ValueError("must not contain control characters")
+    return v
+
+
+def default_family(seeds: Any) -> str:
+    """The default crawl family of ``seeds``: their registered domains
+    (politeness keys, :func:`crawld.sharding.politeness_key`), sorted,
+    deduplicated and joined by ``,``.  Seeds that are not URLs are ignored."""
+    from urllib.parse import urlsplit
+
+    from .sharding import politeness_key
+
+    domains = set()
+    for seed in seeds or ():
+        try:
+            host = urlsplit(str(seed).strip()).hostname
+        except ValueError:
+            host = None
+        if host:
+            domains.add(politeness_key(host))
+    return ",".join(sorted(domains))
+
+
 def _utc_time(v: Any) -> str:
     """An ISO-8601 time, normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ``."""
     if not isinstance(v, str):
@@ -136,6 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("crawl_id", "", "name of the crawl; namespaces its Redis keys and artifact", _crawl_id),
     Setting("seeds", "URLs", "start URLs; their registered domains are in scope", _string_list),
     Setting("num_shards", "shards", "number of frontier shards (consistent hash of registered domain)", number_check(1, 4096, True)),
+    Setting("shard_overrides", "domain->shard", "JSON object pinning registered domains to shards, "
+            "e.g. {\"example.com\": 3} (the others keep their hashed shard)", _shard_overrides),
     Setting("max_rps_per_host", "requests/s", "rate limit per registered domain (GCRA)", number_check(0.001, 10000)),
     Setting("burst", "requests", "GCRA bucket capacity: back-to-back requests allowed after idle (1-2)", number_check(1, 2)),
     Setting("max_inflight_per_host", "requests", "fetches in flight at once per registered domain", number_check(1, 1000, True)),
@@ -168,6 +235,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allow_private_networks", "", "allow fetching private addresses (RFC 1918, RFC 4193, CGNAT)", _bool),
     Setting("output", "path", "where parts and the artifact are written (a directory)", _string(4096)),
     Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _utc_time),
+    Setting("family", "", "crawls of the same family are compared by 'crawlctl verify' (row count vs the "
+            "previous one); empty = the seeds' registered domains, sorted, joined by ','", _family),
 )
 
 _SETTING_BY_NAME = {s.name: s for s in SETTINGS}
@@ -185,6 +254,7 @@ class CrawlConfig:
     crawl_id: str
     seeds: tuple[str, ...] = ()
     num_shards: int = 4
+    shard_overrides: tuple[tuple[str, int], ...] = ()
     max_rps_per_host: float = 2.0
     burst: float = 1.0
     max_inflight_per_host: int = 2
@@ -217,6 +287,7 @@ class CrawlConfig:
     allow_private_networks: bool = False
     output: str = "crawl-output"
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    family: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CrawlConfig":
@@ -243,6 +314,10 @@ class CrawlConfig:
         cfg = cls(**values)
         if cfg.fetch_deadline_s < cfg.read_timeout_s:
             raise ConfigError("fetch_deadline_s: must be at least read_timeout_s")
+        for domain, shard in cfg.shard_overrides:
+            if shard >= cfg.num_shards:
+                raise ConfigError(f"shard_overrides: shard {shard} of {domain!r} must be below num_shards "
+                                  f"({cfg.num_shards})")
         return cfg
 
     def replace(self, **changes: Any) -> "CrawlConfig":
@@ -254,7 +329,13 @@ class CrawlConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists)."""
         d = dataclasses.asdict(self)
+        d["shard_overrides"] = dict(self.shard_overrides)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @property
+    def shard_override_map(self) -> dict[str, int]:
+        """``shard_overrides`` as a dict (registered domain -> shard)."""
+        return dict(self.shard_overrides)
 
     def to_json(self) -> str:
         """The JSON stored in Redis, with a schema version."""
@@ -279,6 +360,12 @@ class CrawlConfig:
         return cls.from_dict(data)
 
     @property
+    def family_name(self) -> str:
+        """``family``, or when empty the default of the seeds
+        (:func:`default_family`)."""
+        return self.family or default_family(self.seeds)
+
+    @property
     def emission_interval_ms(self) -> float:
         """GCRA emission interval T = 1000 / max_rps_per_host, in ms."""
         return 1000.0 / self.max_rps_per_host
@@ -299,8 +386,12 @@ def settings_table() -> str:
             default = "(required)"
         elif s.name == "created_at":
             default = "(now)"
+        elif s.name == "family":
+            default = "(seed domains)"
         elif isinstance(default, list):
             default = ",".join(default) or "(none)"
+        elif isinstance(default, dict):
+            default = json.dumps(default, separators=(",", ":")) if default else "(none)"
         elif isinstance(default, bool):
             default = str(default).lower()
         rows.append((s.name, str(default), s.unit, s.doc))

@@ -26,7 +26,7 @@ from typing import Callable
 import gevent
 import redis
 
-from . import keys, logs
+from . import keys, logs, metrics
 from .config import CrawlConfig
 from .extract import HTML_TYPES, parse_content_type, parse_html
 from .fetcher import FetchResult, fetch, make_session
@@ -34,6 +34,7 @@ from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem
 from .links import LinkPlanner, Push, origin_of, robots_directives
 from .netpolicy import AddressPolicy
 from .outcomes import host_report, retry_url
+from .ratecheck import LiveAudit
 from .output import PartWriter
 from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, agent_token
 from .rows import REDIRECT_STATUSES, make_row, outcome_of_mode
@@ -80,10 +81,18 @@ class CrawlShard:
         self._rows: list[dict] = []
         self._skip_rows: list[dict] = []
         self._acks: list[bytes] = []
+        self._ack_outcomes: list[str] = []
         self._pushes: dict[int, dict[bytes, PushItem]] = defaultdict(dict)
         self._in_commit = 0  # rows of the commit under way
         self.held: set[bytes] = set()
         self.pages = 0
+        self.audit = LiveAudit(config.max_rps_per_host)
+        lab = (config.crawl_id, str(shard))
+        self.m = {name: getattr(metrics, name).labels(*lab) for name in (
+            "FETCH_SECONDS", "RESPONSE_BYTES", "LINKS_DISCOVERED", "LINKS_PUSHED", "LINKS_QUEUED",
+            "DEDUP_HITS", "CLAIMS", "ACKS", "NACKS", "ROBOTS_BLOCKS", "RATE_LIMIT_WAITS",
+            "POLITENESS_BREACHES", "LEASE_HELD", "DEAD_LETTERS")}
+        self._labels = lab
         # claim pacing, kept by the worker
         self.next_claim = 0.0
         self.idle = 0.01
@@ -106,6 +115,10 @@ class CrawlShard:
             self._reports.extend(reports)
             raise
         self.held.update(c.token for c in claims)
+        if claims:
+            self.m["CLAIMS"].inc(len(claims))
+        elif wait >= 0:
+            self.m["RATE_LIMIT_WAITS"].inc()
         return wait, claims
 
     def pending_rows(self) -> int:
@@ -127,6 +140,7 @@ class CrawlShard:
                 holder = self.frontier.leaseholder(self.shard)
                 self.log.warning("lease_held_elsewhere", holder=holder, action="standing by")
         self.leased = ok
+        self.m["LEASE_HELD"].set(1 if ok else 0)
         return ok
 
     def extend_claims(self) -> None:
@@ -140,6 +154,12 @@ class CrawlShard:
         self.writer.close()
         self.skip_writer.close()
         self.session.close()
+        self.release_lease()
+
+    def release_lease(self) -> None:
+        """Give the shard's lease up (nothing may be claimed after this)."""
+        self.m["LEASE_HELD"].set(0)
+        self.leased = False
         try:
             if self.frontier.release(self.shard, self.lease_token):
                 self.log.info("lease_released")
@@ -174,7 +194,10 @@ class CrawlShard:
     def _give_back(self, claim: Claim, error: str, count: bool = True) -> None:
         self.held.discard(claim.token)
         try:
-            self.frontier.nack(self.shard, claim.token, error, count)
+            r = self.frontier.nack(self.shard, claim.token, error, count)
+            self.m["NACKS"].inc()
+            if r == 2:
+                self.m["DEAD_LETTERS"].inc()
         except redis.RedisError as exc:
             # the claim expires and comes back through reclaim
             self.log.error("nack_failed", error=_one_line(exc))
@@ -182,6 +205,9 @@ class CrawlShard:
     def _finish(self, claim: Claim, row: dict, pushes: list[Push] = (), skip: bool = False) -> None:
         (self._skip_rows if skip else self._rows).append(row)
         self._acks.append(claim.token)
+        self._ack_outcomes.append(row["outcome"])
+        if row.get("outlinks"):
+            self.m["LINKS_DISCOVERED"].inc(len(row["outlinks"]))
         for shard, key, item in pushes:
             self._pushes[shard][key] = item
         self.pages += 1
@@ -223,6 +249,7 @@ class CrawlShard:
             return self._give_back(claim, "robots.txt unreachable", count=False)
         if not pol.allowed(entry.url):
             self._slot_done(claim)
+            self.m["ROBOTS_BLOCKS"].inc()
             return self._record(entry, claim, "robots_disallowed", skip=False)
         if fetched_robots:
             # the robots.txt request took this claim's politeness slot
@@ -231,6 +258,7 @@ class CrawlShard:
                 gevent.sleep(wait)
         res = fetch(self.session, entry.url, cfg)
         self._slot_done(claim)
+        self._observe(route.pkey, res)
         report = host_report(route.pkey, res, cfg, self._rand)
         if report is not None:
             self._reports.append(report)
@@ -238,6 +266,15 @@ class CrawlShard:
             return self._give_back(claim, res.error or f"HTTP {res.status}")
         row, pushes = self._outcome(entry, claim, res)
         self._finish(claim, row, pushes)
+
+    def _observe(self, pkey: str, res: FetchResult) -> None:
+        """Metrics of one page request, and the live politeness audit."""
+        metrics.FETCHES.labels(*self._labels, metrics.status_class(res.status), res.error_kind or "").inc()
+        self.m["FETCH_SECONDS"].observe(res.elapsed_ms / 1000.0)
+        self.m["RESPONSE_BYTES"].observe(len(res.body or b""))
+        if res.started_at and res.error_kind != "blocked" and self.audit.record(pkey, res.started_at):
+            self.m["POLITENESS_BREACHES"].inc()
+            self.log.error("politeness_breach", pkey=pkey, max_rps_per_host=self.config.max_rps_per_host)
 
     def _after_robots(self, origin: str, pkey: str, in_scope: bool, pol) -> None:
         """First sight of an origin's robots.txt: honour Crawl-delay, and
@@ -262,6 +299,7 @@ class CrawlShard:
 
     def _fetch_robots(self, url: str):
         res = fetch(self.session, url, self.config, allow_redirects=True, max_bytes=MAX_ROBOTS_BYTES)
+        metrics.ROBOTS_FETCHES.labels(*self._labels, metrics.status_class(res.status)).inc()
         body = res.body.decode("utf-8", errors="replace") if res.status and 200 <= res.status < 300 else ""
         return res.status, body, res.error, res.error_kind
 
@@ -347,9 +385,14 @@ class CrawlShard:
         """Write pending rows (fdatasync), then push and ack in one round trip;
         retried until it succeeds (rows are cut back on a failed write)."""
         rows, skip_rows, acks, pushes = self._rows, self._skip_rows, self._acks, self._pushes
+        outcomes = self._ack_outcomes
         if not rows and not skip_rows and not acks and not pushes:
             return
         self._rows, self._skip_rows, self._acks, self._pushes = [], [], [], defaultdict(dict)
+        self._ack_outcomes = []
+        written: dict[str, int] = defaultdict(int)
+        for r in (*rows, *skip_rows):
+            written[r["outcome"]] += 1
         self._in_commit = len(rows) + len(skip_rows)
         errors = 0
         while True:
@@ -360,14 +403,22 @@ class CrawlShard:
                 if skip_rows:
                     self.skip_writer.write(skip_rows)
                     skip_rows = []
-                self.frontier.commit({s: list(items.values()) for s, items in pushes.items()},
-                                     {self.shard: acks})
+                acked, (queued, _, dups) = self.frontier.commit(
+                    {s: list(items.values()) for s, items in pushes.items()}, {self.shard: acks},
+                    {self.shard: outcomes})
                 break
             except (redis.RedisError, OSError) as exc:
                 errors += 1
                 self.log.error("commit_failed", error=_one_line(exc), consecutive=errors)
                 gevent.sleep(min(0.2 * 2 ** min(errors, 5), 5.0))
         self._in_commit = 0
+        for outcome, n in written.items():
+            metrics.ROWS.labels(*self._labels, outcome).inc(n)
+        self.m["ACKS"].inc(acked)
+        self.m["LINKS_PUSHED"].inc(sum(len(items) for items in pushes.values()))
+        self.m["LINKS_QUEUED"].inc(queued)
+        local, self.links.local_dups = self.links.local_dups, 0
+        self.m["DEDUP_HITS"].inc(dups + local)
         for t in acks:
             self.held.discard(t)
         for items in pushes.values():

@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 
 import redis
 
-from . import __version__, exitcodes, keys, logs, settings
+from . import __version__, exitcodes, keys, logs, metrics, settings
 from .cliargs import Parser, crawl_id_arg
 from .config import ConfigError
 from .crawls import load_crawl
+from .frontier import Frontier
 from .output import check_writable
 from .redisconn import RedisUnfit, check, connect, redact
 from .sdnotify import Notifier
@@ -94,13 +97,52 @@ class Daemon:
         self.notifier = Notifier()
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.started_at = time.time()
+        self.metrics_dir = self._metrics_dir(machine)
         self.sup = Supervisor(self._specs(machine), drain_timeout_s=machine["DRAIN_TIMEOUT_S"],
-                              crash_loop_limit=machine["CRASH_LOOP_LIMIT"], reload=self._reload, log=log)
+                              crash_loop_limit=machine["CRASH_LOOP_LIMIT"], reload=self._reload,
+                              on_exit=lambda pid: metrics.process_dead(self.metrics_dir, pid), log=log)
+        self._frontiers: dict[str, Frontier] = {}
         self._status = ""
+
+    @staticmethod
+    def _metrics_dir(m: settings.MachineSettings) -> str | None:
+        """The multiprocess metrics directory (wiped): $PROMETHEUS_MULTIPROC_DIR
+        if set, else a private one under $RUNTIME_DIRECTORY or the temp dir."""
+        if not m["METRICS_PORT"]:
+            return None
+        path = os.environ.get(metrics.ENV_DIR) or tempfile.mkdtemp(
+            prefix="crawld-metrics-", dir=os.environ.get("RUNTIME_DIRECTORY") or None)
+        return metrics.prepare_dir(path)
+
+    def _crawls(self) -> dict[str, Frontier]:
+        """Frontiers of the crawls served (for the scrape-time gauges)."""
+        ids = [self.crawl_id] if self.crawl_id else sorted(x.decode() for x in self.client.smembers(keys.CRAWLS))
+        for cid in ids:
+            if cid not in self._frontiers:
+                try:
+                    self._frontiers[cid] = Frontier(self.client, load_crawl(self.client, cid))
+                except ConfigError:
+                    continue
+        return {cid: f for cid, f in self._frontiers.items() if cid in ids}
+
+    def _serve_metrics(self) -> None:
+        port = self.machine["METRICS_PORT"]
+        if not port:
+            return
+        try:
+            metrics.serve(port, self.metrics_dir, [metrics.SupervisorCollector(self.sup.state),
+                                                   metrics.RedisCollector(self.client, self._crawls, self.shards)])
+            self.log.info("metrics_serving", port=port, path="/metrics")
+        except OSError as exc:
+            # crawling matters more than being watched: keep going, loudly
+            self.log.error("metrics_unavailable", port=port, error=exc.strerror or str(exc),
+                           hint="set METRICS_PORT per instance when several crawld run on one machine")
 
     def _specs(self, m: settings.MachineSettings) -> list[ChildSpec]:
         env = {"REDIS_URL": self.redis_url, "LEASE_TTL_S": str(m["LEASE_TTL_S"]),
                "CRAWLD_LOG_LEVEL": m["CRAWLD_LOG_LEVEL"]}
+        if self.metrics_dir:
+            env[metrics.ENV_DIR] = self.metrics_dir
         wargs = ["--concurrency", str(m["NUM_WORKERS"]), "--drain-timeout", str(m["DRAIN_TIMEOUT_S"])]
         if self.crawl_id:
             wargs += ["--crawl-id", self.crawl_id]
@@ -135,6 +177,7 @@ class Daemon:
         """Supervise until SIGTERM/SIGINT (exit 0) or until every worker is
         crash-looping (exit 70)."""
         workers = {f"worker-{s}" for s in self.shards}
+        self._serve_metrics()
         self.sup.start()
         self._publish()
         self.notifier.ready(self._status)
@@ -158,6 +201,8 @@ class Daemon:
             self.notifier.stopping("draining")
             drain = self.sup.stop()
             self.log.info("crawld_stopped", drain_s=round(drain, 3))
+            if self.metrics_dir and not os.environ.get(metrics.ENV_DIR):
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
             try:
                 self.client.hdel(keys.SUPERVISORS, self.name)
             except redis.RedisError:
@@ -187,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
+    os.environ.setdefault("CRAWLD_LOG_STREAM", "stdout")  # journald; children inherit it
     log = logs.setup(machine["CRAWLD_LOG_LEVEL"], proc="crawld")
     try:
         shards_text = args.shards or machine["CRAWLD_SHARDS"]

@@ -12,6 +12,9 @@ FAILED = 1
 USAGE = 64
 #: bad input data (a seed URL that cannot be crawled).
 DATAERR = 65
+#: an input file does not exist or cannot be read (``crawlctl verify``: no
+#: artifact).
+NOINPUT = 66
 #: a needed service (Redis) is unreachable or unfit.
 UNAVAILABLE = 69
 #: an internal error.

@@ -257,11 +257,18 @@ class Frontier:
         wait = int(r[0])
         return (wait / 1e6 if wait >= 0 else -1.0), claims
 
-    def ack(self, shard: int, tokens: Sequence[bytes], client: Any = None) -> int:
-        """Ack claims of ``shard``; returns how many were still claimed."""
+    def ack(self, shard: int, tokens: Sequence[bytes], client: Any = None,
+            outcomes: Sequence[str] | None = None) -> int:
+        """Ack claims of ``shard``; returns how many were still claimed.
+
+        ``outcomes[i]`` (optional) is the outcome of the row of
+        ``tokens[i]``; each acked one is counted in the shard's stats as
+        ``rows_<outcome>`` (what ``crawlctl status`` shows)."""
         if not tokens:
             return 0
-        return self._run("ack", shard, list(tokens), client)
+        args = list(tokens) if outcomes is None else \
+            [t + b"\x1f" + o.encode() for t, o in zip(tokens, outcomes)]
+        return self._run("ack", shard, args, client)
 
     def nack(self, shard: int, token: bytes, error: str, count: bool = True) -> int:
         """Give a claim back: 1 requeued, 2 dead-lettered, 0 not claimed.
@@ -307,12 +314,14 @@ class Frontier:
         v = self.client.get(keys.shard_keys(self.config.crawl_id, shard).lease)
         return v.decode() if v is not None else None
 
-    def commit(self, pushes: dict[int, list[PushItem]], acks: dict[int, list[bytes]]) -> int:
+    def commit(self, pushes: dict[int, list[PushItem]], acks: dict[int, list[bytes]],
+               outcomes: dict[int, list[str]] | None = None) -> tuple[int, tuple[int, int, int]]:
         """Push discovered links, then ack finished claims, in one round trip.
 
         A pipeline on one connection runs its commands in order, so every
-        ack follows the pushes of the pages it acknowledges.  Returns the
-        number of claims acked.
+        ack follows the pushes of the pages it acknowledges.  ``outcomes``
+        as for :meth:`ack`.  Returns ``(claims acked, (queued, recorded,
+        duplicates))`` summed over the pushes.
         """
         pipe = self.client.pipeline(transaction=False)
         n_push = 0
@@ -322,9 +331,10 @@ class Frontier:
                 n_push += 1
         for shard, tokens in acks.items():
             if tokens:
-                self.ack(shard, tokens, client=pipe)
+                self.ack(shard, tokens, client=pipe, outcomes=(outcomes or {}).get(shard))
         results = pipe.execute()
-        return sum(int(r) for r in results[n_push:])
+        pushed = [sum(int(r[i]) for r in results[:n_push]) for i in range(3)]
+        return sum(int(r) for r in results[n_push:]), (pushed[0], pushed[1], pushed[2])
 
     # -- reading ---------------------------------------------------------
     def snapshot(self, shard: int) -> ShardSnapshot:

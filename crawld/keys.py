@@ -130,6 +130,19 @@ def crawl_patterns(crawl_id: str) -> tuple[str, str]:
 #: set of the ids of crawls that have a config in this Redis.
 CRAWLS = f"{PREFIX}:crawls"
 
+
+def family_merges(family: str) -> str:
+    """Hash of the merged crawls of a crawl family (``CrawlConfig.family``):
+    crawl id -> JSON ``{rows, duplicates, cross_shard_duplicates, created_at,
+    merged_at, artifact, ...}``, written by each merge and read by
+    ``crawlctl verify`` to compare a crawl with the previous one."""
+    return f"{PREFIX}:family:{family}:merges"
+
 #: hash: "host:pid" of each running crawld -> its state (JSON: shards,
 #: children, restarts, given-up children, updated_at).
 SUPERVISORS = f"{PREFIX}:supervisors"
+
+#: hash: shard number (or "all") -> Unix time a drain was asked for
+#: (``crawlctl drain``).  Workers of a drained shard stop claiming, finish
+#: what they hold, give their leases up and wait until the field is removed.
+DRAIN = f"{PREFIX}:drain"

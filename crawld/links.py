@@ -65,13 +65,15 @@ class LinkPlanner:
     ``robots_allows(origin, url)`` answers from the worker's robots.txt
     memory (None when it does not know).  ``pushed`` is the worker's set of
     dedup keys already pushed (skipping re-pushes saves round trips; the
-    push script is still the authority).
+    push script is still the authority); ``local_dups`` counts the URLs
+    dropped that way.
     """
 
     config: CrawlConfig
     router: Router
     robots_allows: Callable[[str, str], bool | None]
     pushed: set[bytes] = field(default_factory=set)
+    local_dups: int = 0  # plans dropped because this worker pushed the key already
 
     def mode(self, canonical: str, depth: int, nofollow: bool = False) -> str:
         """Why ``canonical`` at ``depth`` is not to be fetched ("" if it is)."""
@@ -97,6 +99,7 @@ class LinkPlanner:
         fp = fingerprint(canonical)
         key = fp if not mode else fp + b"s"
         if key in self.pushed:
+            self.local_dups += 1
             return None
         r = self.router.route(canonical)
         payload = Entry(url, canonical, depth, referrer, redirect_chain, kind).to_payload()

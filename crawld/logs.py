@@ -1,7 +1,9 @@
 """Logging: structlog, configured once per process (after the fork).
 
-JSON lines on stderr when not attached to a terminal (journald, CI logs),
-a human console format on a terminal.  Every line carries ``event``,
+JSON lines when not attached to a terminal (journald, CI logs), a human
+console format on a terminal.  The stream is ``$CRAWLD_LOG_STREAM``:
+``stdout`` for the daemon and its children (journald), ``stderr`` (the
+default) for ``crawlctl``, whose stdout carries results.  Every line carries ``event``,
 ``level``, ``timestamp`` (UTC ISO-8601) and whatever context the process
 bound (``crawl_id``, ``shard``, ``proc``).
 """
@@ -22,7 +24,8 @@ def setup(level: str | None = None, **context) -> structlog.stdlib.BoundLogger:
     """
     level_name = (level or os.environ.get("CRAWLD_LOG_LEVEL") or "info").lower()
     lvl = getattr(logging, level_name.upper(), logging.INFO)
-    tty = sys.stderr.isatty()
+    stream = sys.stdout if os.environ.get("CRAWLD_LOG_STREAM") == "stdout" else sys.stderr
+    tty = stream.isatty()
     renderer = structlog.dev.ConsoleRenderer(colors=False) if tty else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
@@ -33,7 +36,7 @@ def setup(level: str | None = None, **context) -> structlog.stdlib.BoundLogger:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
     return structlog.get_logger().bind(**context)

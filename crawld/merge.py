@@ -33,13 +33,17 @@ from .urls import fingerprint
 class MergeResult:
     """What a merge did: ``rows`` written, ``duplicates`` dropped,
     ``bad_lines`` skipped (torn last lines of killed workers' parts),
-    ``parts`` read, and the artifact ``path``."""
+    ``parts`` read, and the artifact ``path``.  ``cross_shard_duplicates``
+    counts the dropped duplicates whose kept row came from another shard
+    (the ``shard`` column): a URL owned by two shards, which a correct
+    frontier never produces."""
 
     path: Path
     rows: int
     duplicates: int
     bad_lines: int
     parts: int
+    cross_shard_duplicates: int = 0
 
 
 def artifact_path(output: str | os.PathLike, crawl_id: str, created_at: str) -> Path:
@@ -111,8 +115,8 @@ def merge_parts(parts: list[Path], dest: Path) -> MergeResult:
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    seen: set[bytes] = set()
-    rows = dups = bad = 0
+    seen: dict[bytes, int] = {}  # fingerprint -> shard of the kept row
+    rows = dups = cross = bad = 0
     writer = pq.ParquetWriter(tmp, SCHEMA, compression="snappy")
     try:
         for part in parts:
@@ -121,12 +125,16 @@ def merge_parts(parts: list[Path], dest: Path) -> MergeResult:
             if table.num_rows == 0:
                 continue
             keep = []
+            shards = table.column("shard").to_pylist()
             for i, canon in enumerate(table.column("canonical_url").to_pylist()):
                 fp = fingerprint(canon or "")
-                if fp in seen:
+                kept = seen.get(fp)
+                if kept is not None:
                     dups += 1
+                    if kept != (-1 if shards[i] is None else shards[i]):
+                        cross += 1
                 else:
-                    seen.add(fp)
+                    seen[fp] = -1 if shards[i] is None else shards[i]
                     keep.append(i)
             if len(keep) != table.num_rows:
                 table = table.take(pa.array(keep, pa.int64()))
@@ -142,7 +150,7 @@ def merge_parts(parts: list[Path], dest: Path) -> MergeResult:
         raise
     writer.close()
     os.replace(tmp, dest)
-    return MergeResult(dest, rows, dups, bad, len(parts))
+    return MergeResult(dest, rows, dups, bad, len(parts), cross)
 
 
 def merge_crawl(output: str | os.PathLike, crawl_id: str, created_at: str) -> MergeResult:

@@ -16,7 +16,7 @@ import threading
 
 import redis
 
-from . import exitcodes, keys, logs
+from . import exitcodes, keys, logs, metrics
 from .cliargs import Parser, crawl_id_arg, positive_float
 from .config import ConfigError, CrawlConfig
 from .frontier import Frontier
@@ -26,11 +26,16 @@ from .redisconn import RedisUnfit, check, connect, redis_url
 def reclaim_pass(frontier: Frontier, limit: int = 1000) -> tuple[int, int]:
     """One pass over every shard of a crawl; ``(requeued, dead_lettered)``."""
     requeued = dead = 0
+    cid = frontier.config.crawl_id
     for shard in range(frontier.config.num_shards):
         while True:
             r, d = frontier.reclaim(shard, limit)
             requeued += r
             dead += d
+            if r:
+                metrics.RECLAIMS.labels(cid, str(shard)).inc(r)
+            if d:
+                metrics.DEAD_LETTERS.labels(cid, str(shard)).inc(d)
             if r + d < limit:
                 break
     return requeued, dead

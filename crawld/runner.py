@@ -29,6 +29,7 @@ from .localredis import RedisServer
 from .merge import MergeResult, merge_crawl
 from .redisconn import check, connect
 from .supervisor import Supervisor, crawl_children
+from .verify import record_merge
 
 
 class RunFailed(RuntimeError):
@@ -133,9 +134,10 @@ class Progress:
         queued = sum(s.queued for s in snaps)
         claimed = sum(s.claimed for s in snaps)
         dead = sum(s.dead for s in snaps)
+        errors = sum(s.stats.get("rows_error", 0) for s in snaps)
         el = now - self.t0
-        self.stream.write(f"\r  pages {acked}  queued {queued}  in flight {claimed}  dead {dead}  "
-                          f"{acked / el if el else 0:.1f} pages/s  {el:.0f}s ")
+        self.stream.write(f"\r  pages {acked}  queued {queued}  in flight {claimed}  errors {errors}  "
+                          f"dead {dead}  {acked / el if el else 0:.1f} pages/s  {el:.0f}s ")
         self.stream.flush()
 
     def done(self) -> None:
@@ -209,6 +211,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
             raise RunInterrupted(f"interrupted before the crawl finished; {where}")
         dead = export_dead_letters(client, config)
         merge = merge_crawl(config.output, config.crawl_id, config.created_at)
+        record_merge(client, config, merge)  # for 'crawlctl verify' (row count vs the previous crawl)
         summary = summarize(merge, time.monotonic() - t0)
         summary["dead_letters"] = dead
         summary["crawl_id"] = config.crawl_id

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .config import CrawlConfig
-from .sharding import politeness_key, shard_of
+from .sharding import politeness_key, shard_for
 from .urls import BadURL, canonicalize, compile_strip, url_host
 
 
@@ -71,6 +71,9 @@ def variant_key(canonical_url: str) -> str:
 class Router:
     """Canonicalise and route URLs for one crawl, with bounded memo caches.
 
+    A URL's shard is :func:`crawld.sharding.shard_for` of its politeness key,
+    so the crawl's ``shard_overrides`` pin domains wherever URLs are routed.
+
     ``max_cache`` bounds each cache (entries); a full cache is cleared.
     """
 
@@ -78,6 +81,7 @@ class Router:
         self.config = config
         self.scope = scope_keys(config)
         self._strip = compile_strip(config.strip_params)
+        self._overrides = config.shard_override_map
         self._canon: dict[str, str | None] = {}
         self._routes: dict[str, Route] = {}
         self._max = max_cache
@@ -110,7 +114,7 @@ class Router:
         if r is None:
             host = url_host(canonical_url)
             pkey = politeness_key(host)
-            r = Route(host, pkey, shard_of(pkey, self.config.num_shards), pkey in self.scope)
+            r = Route(host, pkey, shard_for(pkey, self.config.num_shards, self._overrides), pkey in self.scope)
             if len(self._routes) >= self._max:
                 self._routes.clear()
             self._routes[netloc] = r

@@ -10,6 +10,10 @@ The shard of a politeness key is Jump Consistent Hash (Lamping and Veach,
 "A Fast, Minimal Memory, Consistent Hash Algorithm", 2014, arXiv:1406.2294)
 of a 64-bit blake2b digest of the key: growing ``num_shards`` from n to n+1
 moves only about 1/(n+1) of the keys, all of them to the new shard.
+
+A crawl may pin known-large registered domains to chosen shards with its
+``shard_overrides`` setting (see :func:`shard_for`); every other key keeps
+its hashed shard, so pinning one domain moves nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+from typing import Mapping
 
 import tldextract
 
@@ -52,6 +57,28 @@ def key_hash(politeness_key: str) -> int:
 def shard_of(politeness_key: str, num_shards: int) -> int:
     """The shard (0-based) that owns ``politeness_key`` among ``num_shards``."""
     return jump_hash(key_hash(politeness_key), num_shards)
+
+
+def shard_for(politeness_key: str, num_shards: int, overrides: Mapping[str, int] | None = None) -> int:
+    """The shard that owns ``politeness_key``, honouring a crawl's overrides.
+
+    ``overrides`` maps registered domains to pinned shards (the crawl setting
+    ``shard_overrides``, validated by :mod:`crawld.config`); a key not in it
+    gets :func:`shard_of`.  Every place that routes a URL to its shard (the
+    :class:`crawld.scope.Router`: seeds, discovered links, redirects,
+    sitemaps) and ``crawlctl shard-balance`` go through this function.
+
+    Raises:
+        ValueError: a pinned shard is not in ``[0, num_shards)``.
+    """
+    if overrides:
+        pinned = overrides.get(politeness_key)
+        if pinned is not None:
+            if not 0 <= pinned < num_shards:
+                raise ValueError(f"shard_overrides: shard {pinned} of {politeness_key!r} is not below "
+                                 f"num_shards ({num_shards})")
+            return pinned
+    return shard_of(politeness_key, num_shards)
 
 
 @functools.lru_cache(maxsize=65536)

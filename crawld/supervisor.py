@@ -95,7 +95,8 @@ class Supervisor:
     def __init__(self, specs: list[ChildSpec], *, drain_timeout_s: float = 30.0,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, crash_loop_limit: int = 5,
                  stable_after_s: float = 30.0, kill_grace_s: float = 5.0,
-                 reload: Callable[[], list[ChildSpec]] | None = None, log=None):
+                 reload: Callable[[], list[ChildSpec]] | None = None,
+                 on_exit: Callable[[int], None] | None = None, log=None):
         self.children = [_Child(s) for s in specs]
         self.drain_timeout_s = drain_timeout_s
         self.backoff_base_s = backoff_base_s
@@ -104,6 +105,7 @@ class Supervisor:
         self.stable_after_s = stable_after_s
         self.kill_grace_s = kill_grace_s
         self.reload = reload
+        self.on_exit = on_exit  # called with the pid of every reaped child
         self.log = log or logs.setup(proc="supervisor")
         self.stopping = False
         self.stop_signal: int | None = None
@@ -185,6 +187,7 @@ class Supervisor:
             code, pid = c.proc.returncode, c.proc.pid
             ran = now - c.started
             c.proc = None
+            self._exited(pid)
             if self.stopping:
                 continue
             if c.reloading:
@@ -205,6 +208,13 @@ class Supervisor:
             c.next_start = now + delay
             self.log.warning("child_exited", child=c.spec.name, pid=pid, exit_code=code,
                              ran_s=round(ran, 3), restart_in_s=delay)
+
+    def _exited(self, pid: int) -> None:
+        if self.on_exit is not None:
+            try:
+                self.on_exit(pid)
+            except Exception as exc:  # noqa: BLE001 - bookkeeping must not stop supervision
+                self.log.warning("on_exit_failed", pid=pid, error=str(exc))
 
     def _spawn_due(self) -> None:
         now = time.monotonic()
@@ -298,6 +308,8 @@ class Supervisor:
             elif c.proc.returncode != 0:
                 self.log.warning("child_exit_code", child=c.spec.name, exit_code=c.proc.returncode)
         for c in self.children:
+            if c.proc is not None:
+                self._exited(c.proc.pid)
             c.proc = None
         drain = time.monotonic() - t0
         self.log.info("stopped", drain_s=round(drain, 3))

@@ -46,7 +46,7 @@ import gevent.event
 import gevent.pool
 import redis
 
-from . import exitcodes, keys, logs
+from . import exitcodes, keys, logs, metrics
 from .cliargs import Parser, crawl_id_arg, int_range, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig
 from .crawlshard import CrawlShard
@@ -96,6 +96,7 @@ class Worker:
         self._wake = gevent.event.Event()  # set by stop() and by finished fetches
         self._commit_wake = gevent.event.Event()
         self._committing_done = False
+        self.draining = False  # crawlctl drain: hold no claims, no leases
         hub = gevent.get_hub()
         self._sync = lambda fd: hub.threadpool.apply(os.fdatasync, (fd,))
 
@@ -114,8 +115,10 @@ class Worker:
         ppid = os.getppid()
         self.discover()
         self.renew_leases()
+        self.check_drain()
         loops = [gevent.spawn(self._every, self.discover_every_s, self.discover),
-                 gevent.spawn(self._every, self.lease_ttl_s / 3.0, self.renew_leases)]
+                 gevent.spawn(self._every, self.lease_ttl_s / 3.0, self.renew_leases),
+                 gevent.spawn(self._every, 1.0, self.check_drain)]
         committer = gevent.spawn(self._commit_loop)
         beat = gevent.spawn(self._heartbeat_loop, ppid)
         self.log.info("worker_started", concurrency=self.pool.size, pid=os.getpid(), crawls=sorted(self.crawls))
@@ -143,7 +146,9 @@ class Worker:
             beat.kill()
             for c in self.crawls.values():
                 c.close()
-        self.log.info("worker_stopped", pages=self.pages, drain_s=round(time.monotonic() - t_stop, 3))
+        drain_s = time.monotonic() - t_stop
+        metrics.DRAIN_SECONDS.labels(str(self.shard)).observe(drain_s)
+        self.log.info("worker_stopped", pages=self.pages, drain_s=round(drain_s, 3))
         return exitcodes.OK
 
     def _every(self, interval_s: float, fn) -> None:
@@ -181,11 +186,39 @@ class Worker:
 
     def renew_leases(self) -> None:
         """Take or renew the lease of every served crawl's shard."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self.draining:
             return
         for c in list(self.crawls.values()):
             if c.renew_lease(self.lease_ttl_s):
                 self._wake.set()
+
+    def check_drain(self) -> None:
+        """Follow ``crawlctl drain``: when this shard (or "all") is in
+        :data:`crawld.keys.DRAIN`, stop claiming, finish and commit what is
+        held, give the leases up and wait; resume when it is removed."""
+        wanted = any(self.client.hmget(keys.DRAIN, "all", str(self.shard)))
+        if wanted and not self.draining:
+            self.draining = True
+            self.log.info("drain_requested", in_flight=len(self.pool))
+            gevent.spawn(self._drain_out)
+        elif not wanted and self.draining:
+            self.draining = False
+            self.log.info("drain_cancelled", action="serving again")
+            self.renew_leases()
+            self._wake.set()
+
+    def _drain_out(self) -> None:
+        t0 = time.monotonic()
+        self.pool.join()
+        while self.draining and any(c.has_uncommitted() or c.pending_rows() for c in self.crawls.values()):
+            self._commit_wake.set()
+            gevent.sleep(0.05)
+        if not self.draining or self._stopping.is_set():
+            return
+        for c in self.crawls.values():
+            if c.leased:
+                c.release_lease()
+        self.log.info("drained", drain_s=round(time.monotonic() - t0, 3), action="waiting for the drain to be cancelled")
 
     # -- claiming ------------------------------------------------------------
     def _claim_loop(self) -> None:
@@ -195,8 +228,9 @@ class Worker:
                 self.pool.wait_available(timeout=0.5)
                 continue
             now = time.monotonic()
-            ready = [c for c in self.crawls.values()
-                     if c.leased and c.next_claim <= now and c.pending_rows() < self.max_pending_rows]
+            ready = [] if self.draining else [
+                c for c in self.crawls.values()
+                if c.leased and c.next_claim <= now and c.pending_rows() < self.max_pending_rows]
             if not ready:
                 later = [c.next_claim for c in self.crawls.values() if c.leased]
                 delay = min([self.idle_max_s, *(t - now for t in later)])

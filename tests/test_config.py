@@ -14,6 +14,7 @@ BAD_VALUE = {
     "crawl_id": "bad id!",
     "seeds": [1, 2],
     "num_shards": 0,
+    "shard_overrides": {"docs.python.org": 0},
     "max_rps_per_host": 0,
     "burst": 3,
     "max_inflight_per_host": 0,
@@ -47,6 +48,7 @@ BAD_VALUE = {
     "output": "   ",
     # the unit is "UTC ISO-8601" and the value dates the artifact path
     "created_at": "yesterday",
+    "family": "weekly\naudit",
 }
 
 # more bad values, for settings whose check has several branches

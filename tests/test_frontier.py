@@ -1029,10 +1029,13 @@ def test_commit_pushes_then_acks_in_one_round_trip(rds):
     f = make_frontier(rds)
     f.push(0, [item(A, 1)])
     _, cl = f.claim(0, 1)
-    n = f.commit({0: [item(A, 2)], 1: [item(B, 1)]}, {0: [cl[0].token, b"999"]})
-    assert n == 1
+    n, pushed = f.commit({0: [item(A, 1), item(A, 2)], 1: [item(B, 1)]}, {0: [cl[0].token, b"999"]},
+                         {0: ["fetched", "error"]})
+    assert n == 1 and pushed == (2, 0, 1)  # item(A, 1) was queued before: a duplicate
     assert f.snapshot(0).queued == 1 and f.snapshot(0).claimed == 0
     assert f.snapshot(1).queued == 1
+    # only the acked token's outcome is counted
+    assert f.snapshot(0).stats.get("rows_fetched") == 1 and "rows_error" not in f.snapshot(0).stats
 
 
 def test_oldest_claim_age(rds):
