@@ -61,8 +61,12 @@ def test_commands_run_from_their_installed_paths(debian_root):
     version = chroot(debian_root, "/usr/bin/crawld", "--version").stdout
     assert version.startswith("crawld ")
     helptext = chroot(debian_root, "/usr/bin/crawlctl", "--help").stdout
-    for word in ("run", "seed", "queue-depth", "merge", "settings"):
+    for word in ("run", "seed", "queue-depth", "merge", "settings", "status", "verify", "drain", "reclaim",
+                 "shard-balance"):
         assert word in helptext
+    # the alerts and the dashboard ship with the package
+    assert (debian_root / "usr/share/crawld/prometheus/crawld-alerts.yml").is_file()
+    assert (debian_root / "usr/share/crawld/grafana/crawld-dashboard.json").is_file()
     assert "NUM_WORKERS" in chroot(debian_root, "/usr/bin/crawlctl", "settings").stdout
     # the interpreter is Debian's, not the build machine's
     assert os.readlink(debian_root / "opt/venvs/crawld/bin/python3") == "/usr/bin/python3"
