@@ -24,6 +24,7 @@ from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
 from .output import check_writable, list_parts
+from .storage import StorageError, check_output, is_remote, list_remote_parts, merged, with_location
 from .redisconn import RedisUnfit, check, connect
 from .urls import BadURL
 
@@ -143,28 +144,48 @@ def cmd_run(args) -> int:
                        "here (serve more shards with crawld on a fleet)", exitcodes.CONFIG)
     defaults = machine().crawl_defaults
     out_text = args.out or defaults.get("output") or "crawl-output"
-    out = Path(out_text).resolve()
-    try:
-        check_writable(out)
-    except OSError as exc:
-        raise CliError(f"--out {out_text}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
+    storage = None
+    if is_remote(out_text):
+        try:
+            storage = check_output(out_text)  # reachable and writable, or one line naming the bucket
+        except StorageError as exc:
+            raise CliError(str(exc), exitcodes.CANTCREAT)
+        out = storage.url
+    else:
+        out = Path(out_text).resolve()
+        try:
+            check_writable(out)
+        except OSError as exc:
+            raise CliError(f"--out {out_text}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
     data = {**defaults, "crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
             **_crawl_settings(args)}
     config = _with_family(CrawlConfig.from_dict(data))
-    if list_parts(out, config.crawl_id):
-        raise CliError(f"crawl_id: {out / 'parts' / config.crawl_id} already holds parts of a crawl "
+    if list_remote_parts(storage, config.crawl_id) if storage is not None else list_parts(out, config.crawl_id):
+        where = storage.location_of(f"parts/{config.crawl_id}") if storage is not None else out / "parts" / config.crawl_id
+        raise CliError(f"crawl_id: {where} already holds parts of a crawl "
                        f"{config.crawl_id!r}; pick another --crawl-id or another --out", exitcodes.CONFIG)
     proxy = args.proxy or machine()["CRAWLD_PROXY"]
     workers = args.workers or machine()["NUM_WORKERS"]
     opts = RunOptions(redis_url=_redis_url(args), concurrency=workers, proxy=proxy,
                       drain_timeout_s=args.drain_timeout,
                       progress=sys.stderr.isatty() and not args.quiet)
+    if storage is not None:
+        # workers spool their parts here until each closed part is uploaded
+        import tempfile
+
+        opts.env["CRAWLD_SPOOL_DIR"] = tempfile.mkdtemp(prefix=f"crawld-spool-{config.crawl_id}-")
     try:
         summary = run_crawl(config, opts)
     except RunInterrupted as exc:
         raise CliError(str(exc), exitcodes.INTERRUPTED)
     except RunFailed as exc:
         raise CliError(str(exc), exitcodes.FAILED)
+    finally:
+        spool = opts.env.get("CRAWLD_SPOOL_DIR")
+        if spool and not any(p.is_file() for p in Path(spool).rglob("*")):
+            import shutil
+
+            shutil.rmtree(spool, ignore_errors=True)  # every part shipped
     print_summary(summary, args.json)
     if not summary["statuses"] and summary["rows"]:
         raise CliError(f"no URL could be fetched: none of the {summary['rows']} rows has a response "
@@ -287,6 +308,115 @@ def cmd_drain(args) -> int:
         time.sleep(0.5)
 
 
+#: set a crawl's state unless it is cancelled (cancelled is final); returns
+#: the state before (``active`` when the key was absent)
+_SET_STATE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == 'cancelled' then return cur end
+redis.call('SET', KEYS[1], ARGV[1])
+return cur or 'active'
+"""
+
+
+def cmd_crawl_state(args) -> int:
+    """crawlctl pause|resume|cancel --crawl-id ID"""
+    from . import keys
+
+    client = _client(args)
+    config = load_crawl(client, args.crawl_id)
+    cid = config.crawl_id
+    want = {"pause": "paused", "resume": "active", "cancel": "cancelled"}[args.cmd]
+    before = client.eval(_SET_STATE, 1, keys.crawl_state(cid), want)
+    before = before.decode() if isinstance(before, bytes) else str(before)
+    if before == "cancelled" and want != "cancelled":
+        raise CliError(f"crawl {cid} is cancelled; it cannot be paused or resumed ('crawlctl purge --crawl-id "
+                       f"{cid}' deletes its keys)", exitcodes.FAILED)
+    if before == want:
+        print(f"crawl {cid}: already {want}")
+    elif want == "paused":
+        print(f"crawl {cid}: paused: workers claim nothing for it within ~1 s and finish what they hold; "
+              f"other crawls go on ('crawlctl resume --crawl-id {cid}')")
+    elif want == "active":
+        print(f"crawl {cid}: resumed: workers claim for it again within ~1 s")
+    else:
+        print(f"crawl {cid}: cancelled: workers stop claiming for it for good, finish and ack what they hold "
+              f"and stop serving it; 'crawlctl merge' still works, 'crawlctl purge' deletes its keys")
+    return exitcodes.OK
+
+
+def cmd_purge(args) -> int:
+    """crawlctl purge --crawl-id ID [--force]"""
+    from . import keys, status
+
+    client = _client(args)
+    cid = keys.check_crawl_id(args.crawl_id)
+    try:
+        config = load_crawl(client, cid)
+    except ConfigError:
+        if not args.force:
+            raise
+        config = None  # leftovers of a crawl without a config: --force deletes them
+    state = (client.get(keys.crawl_state(cid)) or b"active").decode()
+    if config is not None and state != "cancelled" and not args.force:
+        st = status.crawl_status(Frontier(client, config))
+        if not st["finished"]:
+            t = st["totals"]
+            raise CliError(f"crawl {cid} is {state} and not finished ({t['queued']} queued, {t['claimed']} "
+                           f"claimed, {t['skips']} to record); 'crawlctl cancel --crawl-id {cid}' first, or "
+                           f"--force", exitcodes.FAILED)
+    # workers stop serving it (and give its leases up) before its keys go
+    client.srem(keys.CRAWLS, cid)
+    client.set(keys.crawl_state(cid), "cancelled")
+    held = []
+    if config is not None:
+        leases = [keys.shard_keys(cid, s).lease for s in range(config.num_shards)]
+        deadline = time.monotonic() + args.wait
+        while True:
+            held = [k for k in leases if client.exists(k)]
+            if not held or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
+    deleted = 0
+    for _ in range(3):  # again if a late writer recreated a key meanwhile
+        n = _unlink_matching(client, keys.crawl_patterns(cid))
+        deleted += n
+        if not n:
+            break
+    note = f" ({len(held)} lease(s) were still held after {args.wait:g}s: deleted anyway)" if held else ""
+    print(f"purged crawl {cid}: deleted {deleted} key(s){note}")
+    return exitcodes.OK
+
+
+def _unlink_matching(client, patterns, batch: int = 500) -> int:
+    """UNLINK every key matching ``patterns`` (SCAN, never KEYS), in
+    batches of one hash tag each (one Cluster slot per UNLINK)."""
+    deleted = 0
+    for pattern in patterns:
+        found: list[bytes] = []
+        for key in client.scan_iter(match=pattern, count=1000):
+            found.append(key)
+            if len(found) >= batch:
+                deleted += _unlink(client, found)
+                found = []
+        if found:
+            deleted += _unlink(client, found)
+    return deleted
+
+
+def _unlink(client, names: list[bytes]) -> int:
+    by_tag: dict[bytes, list[bytes]] = {}
+    for k in names:
+        start = k.find(b"{")
+        end = k.find(b"}", start + 1)
+        by_tag.setdefault(k[start:end + 1] if start >= 0 and end > start else k, []).append(k)
+    pipe = client.pipeline(transaction=False)
+    for group in by_tag.values():
+        # execute_command: a Redis Cluster pipeline refuses unlink() of several
+        # keys, even of one slot; the command itself is routed by that slot
+        pipe.execute_command("UNLINK", *group)
+    return sum(int(n) for n in pipe.execute())
+
+
 def _shards_text(fields: list[str]) -> str:
     return "every shard" if fields == ["all"] else f"shard(s) {', '.join(fields)}"
 
@@ -316,9 +446,17 @@ def cmd_merge(args) -> int:
             export_dead_letters(client, config)
     if not output:
         raise CliError("--out is required without Redis", exitcodes.USAGE)
-    if not list_parts(output, args.crawl_id):
-        raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
-    res = merge_crawl(output, args.crawl_id, created)
+    if is_remote(output):
+        # parts downloaded to a temporary directory, artifact uploaded
+        try:
+            with merged(output, args.crawl_id, created) as (res, artifact):
+                res = with_location(res, artifact)
+        except FileNotFoundError:
+            raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
+    else:
+        if not list_parts(output, args.crawl_id):
+            raise CliError(f"no parts of crawl {args.crawl_id!r} under {output}", exitcodes.FAILED)
+        res = merge_crawl(output, args.crawl_id, created)
     if client is not None:
         from .verify import record_merge
 
@@ -332,11 +470,27 @@ def cmd_merge(args) -> int:
 def cmd_verify(args) -> int:
     from . import verify
 
+    import contextlib
+
+    from .storage import local_copy, open_storage
+
     client = _client(args)
     config = load_crawl(client, args.crawl_id)
+    artifact = args.artifact
+    if artifact is None:
+        record = verify.merge_records(client, config.family_name).get(config.crawl_id) or {}
+        if is_remote(str(record.get("artifact", ""))):
+            artifact = record["artifact"]
+        elif not record.get("artifact") and is_remote(config.output):
+            from .merge import artifact_path
+
+            key = artifact_path(".", config.crawl_id, config.created_at).as_posix()
+            artifact = open_storage(config.output).location_of(key)
     try:
-        path, checks = verify.run_checks(client, config, args.artifact, args.tolerance / 100.0,
-                                         args.band / 100.0)
+        with local_copy(artifact) if artifact else contextlib.nullcontext() as local:  # s3:// downloaded to a temp file
+            path, checks = verify.run_checks(client, config, local, args.tolerance / 100.0, args.band / 100.0)
+        if artifact and is_remote(artifact):
+            path = artifact
     except FileNotFoundError as exc:
         raise CliError(f"no artifact of crawl {config.crawl_id!r} at {exc.filename} (run 'crawlctl merge "
                        f"--crawl-id {config.crawl_id}' first, or give --artifact)", exitcodes.NOINPUT)
@@ -492,6 +646,30 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--redis-url")
     dr.set_defaults(func=cmd_drain)
 
+    for name, helptext in (
+            ("pause", "stop claiming for one crawl (in-flight fetches finish and are acked; other crawls go on)"),
+            ("resume", "claim for a paused crawl again"),
+            ("cancel", "stop a crawl for good: in-flight fetches finish, workers stop serving it; it can "
+                       "still be merged")):
+        cp = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] +
+                            ". Workers follow it through Redis within about a second.")
+        cp.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+        cp.add_argument("--redis-url")
+        cp.set_defaults(func=cmd_crawl_state)
+
+    pg = sub.add_parser("purge", help="delete every Redis key of a finished or cancelled crawl",
+                        description="Delete every Redis key of a crawl (SCAN by its prefix and UNLINK in "
+                                    "batches, never KEYS) and its entry in the crawl registry, after its "
+                                    "workers stop serving it. Refuses (exit 1) unless the crawl is finished "
+                                    "or cancelled, or --force. Parts, artifacts and the family's merge "
+                                    "records (for 'crawlctl verify' of later crawls) are kept.")
+    pg.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    pg.add_argument("--force", action="store_true", help="purge even an active, unfinished crawl")
+    pg.add_argument("--wait", type=positive_float, default=30.0, metavar="S",
+                    help="seconds to wait for workers to give the crawl's leases up first (default 30)")
+    pg.add_argument("--redis-url")
+    pg.set_defaults(func=cmd_purge)
+
     rc = sub.add_parser("reclaim", help="run one reclaim pass: return expired claims to their queues",
                         description="Return claims past their visibility timeout to their queues "
                                     "(or dead-letter them after max_attempts), once.")
@@ -575,7 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - redis errors and the unforeseen: one line, not a trace
         import redis
 
-        if isinstance(exc, redis.RedisError):
+        from redis.exceptions import RedisClusterException  # not a RedisError (slots not covered, ...)
+
+        if isinstance(exc, (redis.RedisError, RedisClusterException)):
             err, code = f"Redis: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", exitcodes.UNAVAILABLE
         else:
             raise

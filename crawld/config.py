@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from . import __version__
+from .dedup import BACKENDS
+from .dedup import check as check_dedup
 from .keys import check_crawl_id
 from .sharding import politeness_key
 from .urls import valid_host
@@ -96,6 +98,14 @@ def _bool(v: Any) -> bool:
     if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return v.strip().lower() in ("1", "true", "yes", "on")
     raise ValueError(f"must be true or false, got {v!r}")
+
+
+def _choice(*choices: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if not isinstance(v, str) or v.strip() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {v!r}")
+        return v.strip()
+    return check
 
 
 def _crawl_id(v: Any) -> str:
@@ -231,9 +241,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_url_length", "characters", "longer URLs are skipped (traps)", number_check(64, 1 << 20, True)),
     Setting("max_query_variants", "URLs", "distinct queries per host and path at most (calendars, session ids; 0 = no limit)", number_check(0, 1 << 40, True)),
     Setting("max_path_repeats", "segments", "a path repeating one segment more than this is a loop and is skipped", number_check(1, 1000, True)),
+    Setting("dedup", "", "visited-URL structure of each shard: redis_set (exact, compact intset buckets) or "
+            "redis_bloom (Bloom filter, fixed memory; RedisBloom's BF.* when loaded, else a bitmap)", _choice(*BACKENDS)),
+    Setting("expected_urls", "URLs", "URLs the crawl is expected to hold; sizes each shard's dedup structures "
+            "(expected_urls / num_shards each)", number_check(1, 10 ** 11, True)),
+    Setting("bloom_fp_rate", "share", "redis_bloom: false-positive rate at expected_urls (a false positive is a "
+            "page not crawled)", number_check(1e-9, 0.5)),
     Setting("allow_loopback", "", "allow fetching loopback addresses (127.0.0.0/8, ::1, localhost)", _bool),
     Setting("allow_private_networks", "", "allow fetching private addresses (RFC 1918, RFC 4193, CGNAT)", _bool),
-    Setting("output", "path", "where parts and the artifact are written (a directory)", _string(4096)),
+    Setting("memory_high_watermark", "share", "share of Redis maxmemory above which workers stop expanding the "
+            "frontier: new links are recorded as skipped (memory_backpressure) instead of queued; 0 = off "
+            "(also off when Redis has no maxmemory)", number_check(0, 1)),
+    Setting("output", "path", "where parts and the artifact are written: a directory, or s3://bucket/prefix", _string(4096)),
     Setting("created_at", "UTC ISO-8601", "when the crawl was created; dates the artifact path", _utc_time),
     Setting("family", "", "crawls of the same family are compared by 'crawlctl verify' (row count vs the "
             "previous one); empty = the seeds' registered domains, sorted, joined by ','", _family),
@@ -283,8 +302,12 @@ class CrawlConfig:
     max_url_length: int = 2048
     max_query_variants: int = 1000
     max_path_repeats: int = 3
+    dedup: str = "redis_set"
+    expected_urls: int = 1_000_000
+    bloom_fp_rate: float = 0.01
     allow_loopback: bool = False
     allow_private_networks: bool = False
+    memory_high_watermark: float = 0.85
     output: str = "crawl-output"
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     family: str = ""
@@ -314,6 +337,10 @@ class CrawlConfig:
         cfg = cls(**values)
         if cfg.fetch_deadline_s < cfg.read_timeout_s:
             raise ConfigError("fetch_deadline_s: must be at least read_timeout_s")
+        try:
+            check_dedup(cfg)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for domain, shard in cfg.shard_overrides:
             if shard >= cfg.num_shards:
                 raise ConfigError(f"shard_overrides: shard {shard} of {domain!r} must be below num_shards "

@@ -13,7 +13,7 @@ import redis
 from . import keys
 from .config import ConfigError, CrawlConfig
 from .frontier import Entry, Frontier, PushItem
-from .output import write_dead_letter_part
+from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router, variant_key
 from .urls import BadURL, canonicalize, fingerprint, without_userinfo
@@ -90,11 +90,41 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
 def export_dead_letters(client: redis.Redis, config: CrawlConfig) -> int:
     """Write every shard's dead-lettered entries as rows (outcome
     ``dead_letter``) into the crawl's parts, so the artifact accounts for
-    them.  Idempotent.  Returns the number of dead letters."""
+    them.  Idempotent.  Returns the number of dead letters.
+
+    With an ``s3://`` output each shard's dead-letter part is written to a
+    temporary directory and uploaded (replacing the stored one; deleted when
+    there are none).  Raises :class:`crawld.storage.StorageError` (an
+    ``OSError``) when that fails."""
+    from .storage import is_remote
+
+    if is_remote(config.output):
+        return _export_dead_letters_remote(client, config)
     frontier = Frontier(client, config)
     total = 0
     for shard in range(config.num_shards):
         rows = [dead_letter_row(config.crawl_id, shard, d) for d in frontier.dead_letters(shard)]
         write_dead_letter_part(config.output, config.crawl_id, shard, rows)
         total += len(rows)
+    return total
+
+
+def _export_dead_letters_remote(client: redis.Redis, config: CrawlConfig) -> int:
+    import tempfile
+
+    from .storage import list_remote_parts, open_storage, part_key
+
+    frontier = Frontier(client, config)
+    storage = open_storage(config.output)
+    stored = {o.key for o in list_remote_parts(storage, config.crawl_id) if o.key.endswith(DEAD_LETTER_PART)}
+    total = 0
+    with tempfile.TemporaryDirectory(prefix="crawld-dead-letters-") as tmp:
+        for shard in range(config.num_shards):
+            rows = [dead_letter_row(config.crawl_id, shard, d) for d in frontier.dead_letters(shard)]
+            path = write_dead_letter_part(tmp, config.crawl_id, shard, rows)
+            if path is not None:
+                storage.upload(path, part_key(tmp, path))
+            elif f"parts/{config.crawl_id}/shard-{shard:04d}/{DEAD_LETTER_PART}" in stored:
+                storage.delete(f"parts/{config.crawl_id}/shard-{shard:04d}/{DEAD_LETTER_PART}")
+            total += len(rows)
     return total

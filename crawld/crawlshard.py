@@ -36,8 +36,16 @@ from .netpolicy import AddressPolicy
 from .outcomes import host_report, retry_url
 from .ratecheck import LiveAudit
 from .output import PartWriter
+from .storage import is_remote, open_storage, part_key, recover_spool, spool_dir
 from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, agent_token
 from .rows import REDIRECT_STATUSES, make_row, outcome_of_mode
+
+#: the ``error`` of a link recorded instead of queued while Redis memory is
+#: above the crawl's ``memory_high_watermark`` (outcome ``skipped``)
+SPILL_REASON = "memory_backpressure"
+#: back-pressure ends when used memory falls this share of maxmemory below
+#: the watermark (hysteresis: no flapping around it)
+BACKPRESSURE_HYSTERESIS = 0.02
 from .scope import Router
 from .sitemaps import parse_sitemap
 from .urls import resolve
@@ -49,11 +57,16 @@ class CrawlShard:
     ``lease_token`` identifies the worker's supervisor to the shard lease;
     ``sync(fd)`` makes a part durable; ``wake()`` is called when a fetch
     ends (its slot may let the claimer claim again).
+
+    With an ``s3://`` output, parts are written under ``spool`` (default
+    :func:`crawld.storage.spool_dir`) and each closed part is handed to
+    ``shipper`` (a :class:`crawld.storage.PartShipper`); parts left in the
+    spool by an earlier worker of this shard are handed over at once.
     """
 
     def __init__(self, client: redis.Redis, config: CrawlConfig, shard: int, *, concurrency: int,
                  proxy: str | None, lease_token: str, sync: Callable[[int], None],
-                 wake: Callable[[], None], commit_batch: int = 256, log=None):
+                 wake: Callable[[], None], commit_batch: int = 256, log=None, shipper=None, spool=None):
         self.client = client
         self.config = config
         self.crawl_id = config.crawl_id
@@ -69,8 +82,12 @@ class CrawlShard:
         self.robots = RobotsCache(client, keys.shard_keys(config.crawl_id, shard).robots, self.agent,
                                   config.robots_ttl_s, config.robots_retry_s, self._fetch_robots)
         self.links = LinkPlanner(config, self.router, self._robots_allows)
-        self.writer = PartWriter(config.output, config.crawl_id, shard, sync=sync)
-        self.skip_writer = PartWriter(config.output, config.crawl_id, shard, sync=sync, kind="skip")
+        self.shipper = shipper
+        self.spool = spool_dir() if spool is None else spool
+        self.storage = open_storage(config.output) if is_remote(config.output) else None
+        root, on_close = (self.spool, self._ship) if self.storage is not None else (config.output, None)
+        self.writer = PartWriter(root, config.crawl_id, shard, sync=sync, on_close=on_close)
+        self.skip_writer = PartWriter(root, config.crawl_id, shard, sync=sync, kind="skip", on_close=on_close)
         self.log = log or logs.setup(crawl_id=config.crawl_id, shard=shard, proc="worker")
         self._wake = wake
         self._rand = random.Random()
@@ -91,11 +108,110 @@ class CrawlShard:
         self.m = {name: getattr(metrics, name).labels(*lab) for name in (
             "FETCH_SECONDS", "RESPONSE_BYTES", "LINKS_DISCOVERED", "LINKS_PUSHED", "LINKS_QUEUED",
             "DEDUP_HITS", "CLAIMS", "ACKS", "NACKS", "ROBOTS_BLOCKS", "RATE_LIMIT_WAITS",
-            "POLITENESS_BREACHES", "LEASE_HELD", "DEAD_LETTERS")}
+            "POLITENESS_BREACHES", "LEASE_HELD", "DEAD_LETTERS", "LINKS_SPILLED", "MEMORY_BACKPRESSURE",
+            "CRAWL_PAUSED")}
         self._labels = lab
         # claim pacing, kept by the worker
         self.next_claim = 0.0
         self.idle = 0.01
+        # crawlctl pause|resume|cancel (keys.crawl_state), followed by the worker
+        self.state = "active"
+        self._claiming = False  # a claim call is under way
+        # Redis memory back-pressure: links are spilled as rows, not pushed
+        self.backpressure = False
+        self._spilled: set[bytes] = set()  # dedup keys already spilled by this worker
+        if self.storage is not None:
+            for path in recover_spool(self.spool, self.crawl_id, shard):
+                self.log.info("part_recovered", part=path.name, action="shipping it")
+                self._ship(path)
+
+    # -- parts -------------------------------------------------------------------
+    def _ship(self, path) -> None:
+        """Hand a closed spooled part to the shipper (none: it stays
+        spooled until the next start)."""
+        if self.shipper is None or self.storage is None:
+            return
+        lab = self._labels
+        self.shipper.add(path, self.storage, part_key(self.spool, path),
+                         on_ship=lambda n: (metrics.PARTS_SHIPPED.labels(*lab).inc(),
+                                            metrics.PART_BYTES_SHIPPED.labels(*lab).inc(n)),
+                         on_failure=metrics.PART_SHIP_FAILURES.labels(*lab).inc)
+
+    def rotate_parts(self) -> None:
+        """Close parts past their age even when no row comes (they ship)."""
+        self.writer.rotate_if_old()
+        self.skip_writer.rotate_if_old()
+
+    # -- operator state and memory -----------------------------------------------
+    @property
+    def claimable(self) -> bool:
+        """Whether the worker may claim for this crawl now."""
+        return self.leased and self.state == "active"
+
+    def set_state(self, state: str) -> bool:
+        """Follow the crawl's state (``active``, ``paused``, ``cancelled``);
+        logs a change.  Returns whether it changed."""
+        if state not in keys.STATES:
+            state = "active"
+        if state == self.state or self.state == "cancelled":
+            return False
+        self.state = state
+        self.m["CRAWL_PAUSED"].set(1 if state == "paused" else 0)
+        event = {"active": "crawl_resumed", "paused": "crawl_paused", "cancelled": "crawl_cancelled"}[state]
+        self.log.info(event, in_flight=len(self.held),
+                      action={"active": "claiming again", "paused": "claiming nothing, finishing what is held",
+                              "cancelled": "stopped claiming for good, finishing what is held"}[state])
+        return True
+
+    def quiet(self) -> bool:
+        """Nothing claimed, being claimed, or waiting to be committed."""
+        return not (self.held or self._claiming or self.has_uncommitted() or self.pending_rows())
+
+    def observe_memory(self, used: int, maxmemory: int) -> None:
+        """Turn back-pressure on at ``memory_high_watermark`` of Redis
+        ``maxmemory`` (never without a maxmemory), off a little below it;
+        logs each transition once."""
+        wm = self.config.memory_high_watermark
+        if wm <= 0 or maxmemory <= 0:
+            over = False
+        elif self.backpressure:
+            over = used >= (wm - BACKPRESSURE_HYSTERESIS) * maxmemory
+        else:
+            over = used >= wm * maxmemory
+        if over == self.backpressure:
+            return
+        self.backpressure = over
+        self.m["MEMORY_BACKPRESSURE"].set(1 if over else 0)
+        fields = dict(used_memory=used, maxmemory=maxmemory, watermark=wm,
+                      used_share=round(used / maxmemory, 4) if maxmemory else None)
+        if over:
+            self.log.warning("memory_backpressure_on", **fields,
+                             action=f"new links recorded as skipped ({SPILL_REASON}), not queued")
+        else:
+            self.log.info("memory_backpressure_off", **fields, action="queueing new links again")
+
+    def _spill(self, pushes: dict[int, dict[bytes, PushItem]]) -> list[dict]:
+        """Rows for links that are not pushed because of back-pressure: a
+        URL to fetch becomes ``skipped`` with :data:`SPILL_REASON`, a URL to
+        record gets its own reason.  The row's shard is the URL's owner (a
+        fetched row of the same URL wins at merge: skip parts come last)."""
+        rows = []
+        now = time.time()
+        if len(self._spilled) > 500_000:
+            self._spilled.clear()
+        for shard, items in pushes.items():
+            for key, item in items.items():
+                if key in self._spilled:
+                    continue
+                self._spilled.add(key)
+                e = Entry.from_payload(item.payload)
+                mode = item.mode.decode() if isinstance(item.mode, bytes) else item.mode
+                rows.append(make_row(crawl_id=self.crawl_id, url=e.url, canonical_url=e.canonical,
+                                     outcome=outcome_of_mode(mode) if mode else "skipped",
+                                     error=mode or SPILL_REASON, shard=shard, attempt=0, depth=e.depth,
+                                     referrer=e.referrer, host=self.router.route(e.canonical).host,
+                                     fetched_at=now, response_ms=0.0, redirect_chain=e.redirect_chain))
+        return rows
 
     # -- claiming --------------------------------------------------------------
     def claim(self, n: int) -> tuple[float, list[Claim]]:
@@ -104,6 +220,7 @@ class CrawlShard:
         for the next call) and :class:`LeaseLost` (``leased`` turns False)."""
         fetched, self._fetched = self._fetched, []
         reports, self._reports = self._reports, []
+        self._claiming = True
         try:
             wait, claims = self.frontier.claim(self.shard, n, fetched, reports, self.lease_token)
         except LeaseLost:
@@ -114,6 +231,8 @@ class CrawlShard:
             self._fetched.extend(fetched)  # giving a slot back is idempotent: retry
             self._reports.extend(reports)
             raise
+        finally:
+            self._claiming = False
         self.held.update(c.token for c in claims)
         if claims:
             self.m["CLAIMS"].inc(len(claims))
@@ -390,6 +509,11 @@ class CrawlShard:
             return
         self._rows, self._skip_rows, self._acks, self._pushes = [], [], [], defaultdict(dict)
         self._ack_outcomes = []
+        if self.backpressure and pushes:
+            # Redis is near maxmemory: record the links instead of queueing them
+            spilled = self._spill(pushes)
+            self.m["LINKS_SPILLED"].inc(sum(len(items) for items in pushes.values()))
+            skip_rows, pushes = [*skip_rows, *spilled], defaultdict(dict)
         written: dict[str, int] = defaultdict(int)
         for r in (*rows, *skip_rows):
             written[r["outcome"]] += 1

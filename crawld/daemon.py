@@ -37,6 +37,7 @@ from .config import ConfigError
 from .crawls import load_crawl
 from .frontier import Frontier
 from .output import check_writable
+from .storage import StorageError, check_output, is_remote
 from .redisconn import RedisUnfit, check, connect, redact
 from .sdnotify import Notifier
 from .supervisor import ChildSpec, Supervisor, crawl_children
@@ -140,7 +141,7 @@ class Daemon:
 
     def _specs(self, m: settings.MachineSettings) -> list[ChildSpec]:
         env = {"REDIS_URL": self.redis_url, "LEASE_TTL_S": str(m["LEASE_TTL_S"]),
-               "CRAWLD_LOG_LEVEL": m["CRAWLD_LOG_LEVEL"]}
+               "CRAWLD_LOG_LEVEL": m["CRAWLD_LOG_LEVEL"], "CRAWLD_SPOOL_DIR": m["CRAWLD_SPOOL_DIR"]}
         if self.metrics_dir:
             env[metrics.ENV_DIR] = self.metrics_dir
         wargs = ["--concurrency", str(m["NUM_WORKERS"]), "--drain-timeout", str(m["DRAIN_TIMEOUT_S"])]
@@ -251,13 +252,18 @@ def main(argv: list[str] | None = None) -> int:
             if bad:
                 raise ConfigError(f"shards: {shard_label(bad)} not in 0..{config.num_shards - 1} "
                                   f"(crawl {crawl_id} has {config.num_shards})")
-            check_writable(config.output)
+            check_output(config.output)
+            if is_remote(config.output):
+                check_writable(machine["CRAWLD_SPOOL_DIR"])
     except ConfigError as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
     except RedisUnfit as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
+    except StorageError as exc:
+        print(f"crawld: error: {exc}", file=sys.stderr)
+        return exitcodes.CANTCREAT
     except OSError as exc:
         print(f"crawld: error: output {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return exitcodes.CANTCREAT

@@ -37,8 +37,9 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import redis
 
-from . import keys
+from . import dedup, keys
 from .config import CrawlConfig
+from .redisconn import is_cluster
 
 #: schema version of entry payloads.
 ENTRY_VERSION = 1
@@ -196,11 +197,15 @@ class Frontier:
         self.client = client
         self.config = config
         self._scripts = {name: client.register_script(load_script_source(name)) for name in _SCRIPTS}
+        # read-only, standalone (no prelude): see counts.lua
+        self._counts = client.register_script((_LUA_DIR / "counts.lua").read_text())
+        self._cluster = is_cluster(client)
         self._keys = [keys.shard_keys(config.crawl_id, s).all() for s in range(config.num_shards)]
         # ARGV[1..3] of every script: T0 (us), burst - 1, in-flight cap
         self._common = [int(round(config.emission_interval_ms * 1000)), config.burst - 1.0,
                         config.max_inflight_per_host]
         self._vt = int(config.visibility_timeout_s * 1_000_000)
+        self._dedup_spec = dedup.push_spec(config)  # lays out a shard's dedup structures on first push
         self._backoff = [int(config.backoff_base_s * 1e6), int(config.backoff_max_s * 1e6),
                          config.host_max_failures]
 
@@ -217,14 +222,15 @@ class Frontier:
         """Push URLs into ``shard``: ``(queued, recorded, duplicates)``.
 
         URLs to fetch whose fingerprint the shard has queued before are
-        duplicates; URLs over the page budget or query-variant limit become
-        URLs to record; URLs pushed with a mode are recorded once, unless
+        duplicates (by the crawl's ``dedup`` backend, :mod:`crawld.dedup`);
+        URLs over the page budget or query-variant limit become URLs to
+        record; URLs pushed with a mode are recorded once, unless
         queued for fetching.  With ``client`` a pipeline, returns that.
         """
-        args: list[Any] = [self.config.max_pages_per_host, self.config.max_query_variants]
+        args: list[Any] = [self.config.max_pages_per_host, self.config.max_query_variants, self._dedup_spec]
         for it in items:
             args += it
-        if len(args) == 2:
+        if len(args) == 3:
             return (0, 0, 0)
         r = self._run("push", shard, args, client)
         return r if client is not None else tuple(int(x) for x in r)
@@ -322,7 +328,22 @@ class Frontier:
         ack follows the pushes of the pages it acknowledges.  ``outcomes``
         as for :meth:`ack`.  Returns ``(claims acked, (queued, recorded,
         duplicates))`` summed over the pushes.
+
+        On Redis Cluster the shards live on several nodes and a cluster
+        pipeline neither runs scripts nor orders commands across nodes, so
+        the scripts run one after the other (one round trip per shard):
+        every push has succeeded before the first ack is sent.
         """
+        if self._cluster:
+            queued = recorded = dups = acked = 0
+            for shard, items in pushes.items():
+                if items:
+                    q, r, d = self.push(shard, items)
+                    queued, recorded, dups = queued + q, recorded + r, dups + d
+            for shard, tokens in acks.items():
+                if tokens:
+                    acked += int(self.ack(shard, tokens, outcomes=(outcomes or {}).get(shard)))
+            return acked, (queued, recorded, dups)
         pipe = self.client.pipeline(transaction=False)
         n_push = 0
         for shard, items in pushes.items():
@@ -337,14 +358,25 @@ class Frontier:
         return sum(int(r) for r in results[n_push:]), (pushed[0], pushed[1], pushed[2])
 
     # -- reading ---------------------------------------------------------
+    def counts(self, shard: int) -> dict[str, Any]:
+        """Counts of ``shard`` read atomically by one read-only script
+        (``counts.lua``; the same on a single Redis and on a cluster):
+        ``now_us`` (the shard's Redis time), ``queued``, ``scheduled``,
+        ``claimed``, ``oldest_deadline_us`` (None when nothing is claimed),
+        ``expired`` (claims past their deadline), ``skips``, ``dead``,
+        ``stats`` (every counter) and ``lease`` (token or None)."""
+        r = self._counts(keys=self._keys[shard], client=self.client)
+        flat = r[9]
+        return {"now_us": int(r[0]) * 1_000_000 + int(r[1]), "queued": int(r[2]), "scheduled": int(r[3]),
+                "claimed": int(r[4]), "oldest_deadline_us": float(r[5]) if r[5] else None,
+                "expired": int(r[6]), "skips": int(r[7]), "dead": int(r[8]),
+                "stats": {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)},
+                "lease": r[10].decode() if len(r) > 10 and r[10] else None}
+
     def snapshot(self, shard: int) -> ShardSnapshot:
-        """Atomic counts of ``shard`` (one MULTI/EXEC)."""
-        k = keys.shard_keys(self.config.crawl_id, shard)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zcard(k.queue).zcard(k.sched).zcard(k.claimed).llen(k.dead).hgetall(k.stats).llen(k.skips)
-        queued, scheduled, claimed, dead, stats, skips = pipe.execute()
-        return ShardSnapshot(shard, queued, scheduled, claimed, dead,
-                             {kk.decode(): int(v) for kk, v in stats.items()}, skips)
+        """Atomic counts of ``shard`` (one read-only script, see :meth:`counts`)."""
+        c = self.counts(shard)
+        return ShardSnapshot(shard, c["queued"], c["scheduled"], c["claimed"], c["dead"], c["stats"], c["skips"])
 
     def snapshots(self) -> list[ShardSnapshot]:
         """:meth:`snapshot` of every shard, in shard order."""
@@ -353,13 +385,10 @@ class Frontier:
     def oldest_claim_age_s(self, shard: int) -> float | None:
         """Seconds since the oldest outstanding claim of ``shard`` was made
         (from its deadline), or None when nothing is claimed."""
-        k = keys.shard_keys(self.config.crawl_id, shard)
-        first = self.client.zrange(k.claimed, 0, 0, withscores=True)
-        if not first:
+        c = self.counts(shard)  # the deadline and TIME of the shard's own node
+        if c["oldest_deadline_us"] is None:
             return None
-        sec, usec = self.client.time()
-        now = sec * 1e6 + usec
-        return max(0.0, (now - (first[0][1] - self._vt)) / 1e6)
+        return max(0.0, (c["now_us"] - (c["oldest_deadline_us"] - self._vt)) / 1e6)
 
     def dead_letters(self, shard: int, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
         """Dead-lettered entries of ``shard`` as dicts (pkey, attempts,

@@ -20,14 +20,20 @@ gcra       hash     politeness key -> GCRA theoretical arrival time (ms)
 inflight   hash     politeness key -> entries claimed and not yet acked
 claimed    zset     claim token -> visibility deadline (ms, Redis time)
 claims     hash     claim token -> ``pkey \\x1f attempts \\x1f payload``
-seen       set      64-bit fingerprints of canonical URLs ever pushed
+seen       hash     layout of the shard's dedup structure of URLs ever queued
+                    for fetching (crawld.dedup: backend, sizes, count); its
+                    data keys extend the name: ``seen:<bucket>`` (intsets,
+                    redis_set), ``seen:bits`` (Bloom bitmap) or ``seen:bf``
+                    (RedisBloom); a plain set of 8-byte fingerprints in
+                    crawls created before the dedup backends
 dead       list     dead-lettered entries (JSON with reason)
 stats      hash     monotonic counters: pushed, dup, claimed, acked, nacked,
                     reclaimed, dead, skipped, ...
 seq        string   counter for queue order and claim tokens
 skips      list     URLs to record without fetching, ``reason \x1f payload``
                     (out of scope, over depth, over budget, ...)
-skipseen   set      fingerprints ever pushed to ``skips`` (one row per URL)
+skipseen   hash     the same for fingerprints ever pushed to ``skips`` (one
+                    row per URL): ``skipseen:<bucket>``, ``skipseen:bits``...
 rates      hash     politeness key -> GCRA emission interval (microseconds)
                     when robots.txt Crawl-delay makes it slower than the crawl's
 fails      hash     politeness key -> failures in a row (5xx, 429, connection)
@@ -120,6 +126,19 @@ def crawl_config(crawl_id: str) -> str:
 def crawl_control(crawl_id: str) -> str:
     """Hash of operator requests for a crawl (e.g. ``drain`` -> 1)."""
     return f"{PREFIX}:{{{crawl_id}}}:control"
+
+
+def crawl_state(crawl_id: str) -> str:
+    """String key holding the operator's state of a crawl: ``active``
+    (also when the key is absent), ``paused`` or ``cancelled``
+    (``crawlctl pause|resume|cancel``).  Workers read it every second or
+    so: they claim nothing for a paused crawl, and stop serving a cancelled
+    one once what they hold is committed.  Cancelled is final."""
+    return f"{PREFIX}:{{{crawl_id}}}:state"
+
+
+#: the values of :func:`crawl_state` (absent means ``active``).
+STATES = ("active", "paused", "cancelled")
 
 
 def crawl_patterns(crawl_id: str) -> tuple[str, str]:

@@ -1,11 +1,53 @@
-"""Merge a crawl's NDJSON parts into one Parquet artifact.
+"""Merge a crawl's NDJSON parts into one Parquet artifact, in bounded memory.
 
-Parts are read one at a time (memory bounded by the largest part plus the
-set of fingerprints already written), rows whose ``canonical_url`` was
-already written are dropped and counted, and the rest is streamed into a
-``pyarrow.parquet.ParquetWriter`` (snappy) with the explicit schema of
-:mod:`crawld.rows`.  The artifact is written to a temporary name and
-renamed, so a reader never sees a half-written file.
+Rows whose ``canonical_url`` was already seen are dropped and counted; the
+row kept of each duplicate group is the first in *part order*
+(:func:`crawld.output.list_parts`: fetch parts, then dead letters, then skip
+parts, each group sorted; inside a part, line order).  The artifact is
+written with a ``pyarrow.parquet.ParquetWriter`` (snappy) and the explicit
+schema of :mod:`crawld.rows`, to a temporary name that is renamed at the
+end, so a reader never sees a half-written file.  Torn last lines (a killed
+worker's unacked write) and lines that do not parse or lack a required
+column are skipped and counted (``bad_lines``).
+
+Algorithm: a two-pass external hash merge.
+
+1. **Partition.**  Every part is read once (one part in memory at a time),
+   its rows get their global order ``__ord = part index << 32 | row index``,
+   and they are hash-partitioned by ``blake2b(canonical_url)`` into ``P``
+   Arrow IPC spill files.  All rows of one ``canonical_url`` land in the
+   same partition.
+2. **Deduplicate.**  Each partition is read back alone, grouped by
+   ``canonical_url``; the row with the smallest ``__ord`` of each group is
+   kept (the same row a one-pass keep-first merge keeps), the others are
+   counted (and counted as cross-shard when their ``shard`` differs from the
+   kept row's), and the kept rows, in ``__ord`` order, are appended to the
+   Parquet writer.  A partition's spill file is deleted once read.
+
+``P = ceil(total part bytes / (memory_budget / 4))`` (at most
+:data:`MAX_PARTITIONS`): the NDJSON size bounds a partition's Arrow size
+(Arrow does not repeat the keys), and deduplicating it takes about three
+copies of it at once (the partition, the kept rows, their sorted copy).
+
+**Memory bound.**  Peak memory is about
+``max(4 x largest part, memory_budget)`` plus the interpreter and pyarrow
+(~100 MB): the largest part read, parsed and partitioned in pass 1, or one
+partition and its copies in pass 2.  It does not grow with the number of
+rows (parts are rotated at 64 MiB by default).  The default budget is
+:data:`DEFAULT_MEMORY_BUDGET` (512 MiB; ``CRAWLD_MERGE_MEMORY_MB`` or the
+``memory_budget`` argument change it).  ``bench/merge.py`` measures it:
+see ``bench/README.md``.  Only beyond ``MAX_PARTITIONS x budget / 4`` of
+parts (~128 GB of NDJSON at the default budget) do partitions outgrow their
+share.
+
+**Disk.**  The spill files hold every row once (about the Arrow size of
+the parts, less than their NDJSON size), in a private temporary directory
+next to the artifact (``spill_dir`` or ``CRAWLD_MERGE_SPILL_DIR`` to put it
+elsewhere); it is removed at the end and on any error.
+
+**Row order.**  With one partition (small crawls) the artifact's rows are
+in part order, as a one-pass merge writes them; with several, rows are
+grouped by partition, in part order inside each.
 
 Artifact path: ``<output>/crawls/YYYY/MM/DD/<crawl_id>.parquet`` (date of
 the crawl's ``created_at``, UTC).
@@ -13,20 +55,32 @@ the crawl's ``created_at``, UTC).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from .output import list_parts
 from .rows import NDJSON_SCHEMA, SCHEMA
-from .urls import fingerprint
+
+#: default memory budget of a merge, in bytes (see the module docstring).
+DEFAULT_MEMORY_BUDGET = 512 * 1024 * 1024
+#: most spill files open at once (stays under a 1024 open-files limit).
+MAX_PARTITIONS = 900
+
+_ORD = "__ord"
+#: the spill files' schema: the artifact's columns, then the global order.
+_SPILL_SCHEMA = SCHEMA.append(pa.field(_ORD, pa.int64(), nullable=False))
 
 
 @dataclass
@@ -36,7 +90,8 @@ class MergeResult:
     ``parts`` read, and the artifact ``path``.  ``cross_shard_duplicates``
     counts the dropped duplicates whose kept row came from another shard
     (the ``shard`` column): a URL owned by two shards, which a correct
-    frontier never produces."""
+    frontier never produces.  ``partitions`` is the number of hash
+    partitions the rows were spilled to (see the module docstring)."""
 
     path: Path
     rows: int
@@ -44,6 +99,7 @@ class MergeResult:
     bad_lines: int
     parts: int
     cross_shard_duplicates: int = 0
+    partitions: int = 1
 
 
 def artifact_path(output: str | os.PathLike, crawl_id: str, created_at: str) -> Path:
@@ -107,52 +163,185 @@ def _drop_incomplete(table: pa.Table, bad: int) -> tuple[pa.Table, int]:
     return kept, bad + table.num_rows - kept.num_rows
 
 
-def merge_parts(parts: list[Path], dest: Path) -> MergeResult:
-    """Merge ``parts`` into the Parquet file ``dest``.
+def _to_artifact_types(table: pa.Table) -> pa.Table:
+    """NDJSON columns (``fetched_at`` as int ms) to the artifact's schema."""
+    ts = pc.cast(table.column("fetched_at"), pa.timestamp("ms", tz="UTC"))
+    table = table.set_column(table.schema.get_field_index("fetched_at"), SCHEMA.field("fetched_at"), ts)
+    return table.cast(SCHEMA)
+
+
+def memory_budget_default() -> int:
+    """:data:`DEFAULT_MEMORY_BUDGET`, or ``CRAWLD_MERGE_MEMORY_MB`` MiB."""
+    env = os.environ.get("CRAWLD_MERGE_MEMORY_MB", "").strip()
+    if env:
+        try:
+            return max(1, int(env)) * 1024 * 1024
+        except ValueError:
+            pass
+    return DEFAULT_MEMORY_BUDGET
+
+
+def partitions_for(total_bytes: int, memory_budget: int) -> int:
+    """How many hash partitions ``total_bytes`` of parts are spilled to."""
+    target = max(1, memory_budget // 4)
+    return max(1, min(MAX_PARTITIONS, -(-total_bytes // target)))
+
+
+def _partition_of(canonical_url: str, n: int) -> int:
+    digest = hashlib.blake2b(canonical_url.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % n
+
+
+class _Spill:
+    """``n`` Arrow IPC stream files under ``root``, opened on first write."""
+
+    def __init__(self, root: Path, n: int):
+        self.root, self.n = root, n
+        self._writers: dict[int, tuple[ipc.RecordBatchStreamWriter, pa.NativeFile]] = {}
+
+    def path(self, p: int) -> Path:
+        return self.root / f"partition-{p:04d}.arrow"
+
+    def write(self, p: int, table: pa.Table) -> None:
+        w = self._writers.get(p)
+        if w is None:
+            sink = pa.OSFile(str(self.path(p)), "wb")
+            w = self._writers[p] = (ipc.new_stream(sink, _SPILL_SCHEMA), sink)
+        w[0].write_table(table)
+
+    def close(self) -> None:
+        writers, self._writers = self._writers, {}
+        for w, sink in writers.values():
+            try:
+                w.close()
+            finally:
+                sink.close()
+
+    def read(self, p: int) -> pa.Table | None:
+        """The rows of partition ``p`` (None if it got none); the file is
+        deleted once read."""
+        path = self.path(p)
+        if not path.exists():
+            return None
+        with pa.OSFile(str(path), "rb") as f:
+            table = ipc.open_stream(f).read_all()
+        path.unlink()
+        return table
+
+
+def _partition_pass(parts: list[Path], spill: _Spill) -> int:
+    """Pass 1: every part's rows (artifact types plus ``__ord``) to their
+    partition's spill file.  Returns the bad lines skipped."""
+    bad = 0
+    for index, part in enumerate(parts):
+        table, b = _read_part(part)
+        bad += b
+        n = table.num_rows
+        if n == 0:
+            continue
+        base = index << 32
+        table = _to_artifact_types(table).append_column(
+            _SPILL_SCHEMA.field(_ORD), pa.array(range(base, base + n), pa.int64()))
+        if spill.n == 1:
+            spill.write(0, table)
+            continue
+        pids = [_partition_of(c, spill.n) for c in table.column("canonical_url").to_pylist()]
+        order = sorted(range(n), key=pids.__getitem__)  # stable: part order inside a partition
+        table = table.take(pa.array(order, pa.int64()))
+        start = 0
+        while start < n:
+            p = pids[order[start]]
+            end = start
+            while end < n and pids[order[end]] == p:
+                end += 1
+            spill.write(p, table.slice(start, end - start))
+            start = end
+        del table
+    return bad
+
+
+def _dedup(table: pa.Table) -> tuple[pa.Table, int, int]:
+    """Pass 2 on one partition: keep the first row (smallest ``__ord``) of
+    each ``canonical_url``.  Returns (kept rows in ``__ord`` order, without
+    ``__ord``; duplicates; cross-shard duplicates)."""
+    firsts = table.select(["canonical_url", _ORD]).group_by("canonical_url", use_threads=False) \
+        .aggregate([(_ORD, "min")]).column(f"{_ORD}_min")
+    keep = pc.is_in(table.column(_ORD), value_set=firsts)
+    del firsts
+    kept = table.filter(keep)
+    dups = table.num_rows - kept.num_rows
+    cross = 0
+    if dups:
+        dropped = table.filter(pc.invert(keep))
+        a = pa.table({"canonical_url": dropped.column("canonical_url"),
+                      "s": pc.fill_null(dropped.column("shard"), -1)})
+        k = pa.table({"canonical_url": kept.column("canonical_url"), "k": pc.fill_null(kept.column("shard"), -1)})
+        joined = a.join(k, "canonical_url", join_type="inner", use_threads=False)
+        cross = pc.sum(pc.cast(pc.not_equal(joined.column("s"), joined.column("k")), pa.int64())).as_py() or 0
+    del table, keep
+    kept = kept.sort_by(_ORD)
+    return kept.select(SCHEMA.names), dups, cross
+
+
+def merge_parts(parts: list[Path], dest: Path, *, memory_budget: int | None = None,
+                spill_dir: str | os.PathLike | None = None) -> MergeResult:
+    """Merge ``parts`` (in :func:`crawld.output.list_parts` order) into the
+    Parquet file ``dest`` in about ``memory_budget`` bytes (default
+    :func:`memory_budget_default`), spilling to a temporary directory under
+    ``spill_dir`` (default ``CRAWLD_MERGE_SPILL_DIR``, else ``dest``'s
+    directory).
 
     Raises:
-        OSError: a part cannot be read or ``dest`` cannot be written.
+        OSError: a part cannot be read, or ``dest`` or the spill files
+            cannot be written.  No spill file and no temporary artifact is
+            left behind.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
+    budget = memory_budget or memory_budget_default()
+    total = sum(p.stat().st_size for p in parts)
+    n = partitions_for(total, budget)
+    spill_root = Path(spill_dir or os.environ.get("CRAWLD_MERGE_SPILL_DIR") or dest.parent)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    seen: dict[bytes, int] = {}  # fingerprint -> shard of the kept row
-    rows = dups = cross = bad = 0
-    writer = pq.ParquetWriter(tmp, SCHEMA, compression="snappy")
+    rows = dups = cross = 0
+    pool = pa.default_memory_pool()
+    workdir = Path(tempfile.mkdtemp(prefix=f".{dest.stem}.merge-", dir=spill_root))
+    spill = _Spill(workdir, n)
+    writer = None
     try:
-        for part in parts:
-            table, b = _read_part(part)
-            bad += b
-            if table.num_rows == 0:
+        try:
+            bad = _partition_pass(parts, spill)
+        finally:
+            spill.close()
+        pool.release_unused()
+        writer = pq.ParquetWriter(tmp, SCHEMA, compression="snappy")
+        for p in range(n):
+            table = spill.read(p)
+            if table is None:
                 continue
-            keep = []
-            shards = table.column("shard").to_pylist()
-            for i, canon in enumerate(table.column("canonical_url").to_pylist()):
-                fp = fingerprint(canon or "")
-                kept = seen.get(fp)
-                if kept is not None:
-                    dups += 1
-                    if kept != (-1 if shards[i] is None else shards[i]):
-                        cross += 1
-                else:
-                    seen[fp] = -1 if shards[i] is None else shards[i]
-                    keep.append(i)
-            if len(keep) != table.num_rows:
-                table = table.take(pa.array(keep, pa.int64()))
-            if table.num_rows == 0:
-                continue
-            ts = pc.cast(table.column("fetched_at"), pa.timestamp("ms", tz="UTC"))
-            table = table.set_column(table.schema.get_field_index("fetched_at"), SCHEMA.field("fetched_at"), ts)
-            writer.write_table(table.cast(SCHEMA))
-            rows += table.num_rows
-    except BaseException:
+            kept, d, c = _dedup(table)
+            del table
+            dups += d
+            cross += c
+            if kept.num_rows:
+                writer.write_table(kept)
+                rows += kept.num_rows
+            del kept
+            pool.release_unused()
         writer.close()
+        writer = None
+        os.replace(tmp, dest)
+    except BaseException:
+        if writer is not None:
+            writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    writer.close()
-    os.replace(tmp, dest)
-    return MergeResult(dest, rows, dups, bad, len(parts), cross)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return MergeResult(dest, rows, dups, bad, len(parts), cross, n)
 
 
-def merge_crawl(output: str | os.PathLike, crawl_id: str, created_at: str) -> MergeResult:
+def merge_crawl(output: str | os.PathLike, crawl_id: str, created_at: str, *,
+                memory_budget: int | None = None) -> MergeResult:
     """Merge every part of ``crawl_id`` under ``output`` to its artifact path."""
-    return merge_parts(list_parts(output, crawl_id), artifact_path(output, crawl_id, created_at))
+    return merge_parts(list_parts(output, crawl_id), artifact_path(output, crawl_id, created_at),
+                       memory_budget=memory_budget)

@@ -69,8 +69,23 @@ POLITENESS_BREACHES = Counter("crawld_politeness_breaches_total", "Requests that
                               "the worker's own audit of its request start times.", SHARD)
 LEASE_HELD = Gauge("crawld_lease_held", "1 while this worker holds the shard's lease of the crawl.", SHARD,
                    multiprocess_mode="livemax")
+LINKS_SPILLED = Counter("crawld_links_spilled_total", "Links recorded as rows (skipped, memory_backpressure, "
+                        "or their own skip reason) instead of pushed, because Redis memory was above the "
+                        "crawl's memory_high_watermark.", SHARD)
+MEMORY_BACKPRESSURE = Gauge("crawld_memory_backpressure", "1 while the worker spills new links instead of "
+                            "pushing them (Redis used_memory above memory_high_watermark of maxmemory).", SHARD,
+                            multiprocess_mode="livemax")
+CRAWL_PAUSED = Gauge("crawld_crawl_paused", "1 while the crawl is paused (crawlctl pause) and this worker claims "
+                     "nothing for it.", SHARD, multiprocess_mode="livemax")
 DRAIN_SECONDS = Histogram("crawld_drain_duration_seconds", "Worker drain time after SIGTERM, seconds.",
                           ["shard"], buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120))
+
+PARTS_SHIPPED = Counter("crawld_parts_shipped_total", "Closed parts uploaded from the local spool to the "
+                        "crawl's s3:// output (then deleted locally).", SHARD)
+PART_BYTES_SHIPPED = Counter("crawld_part_shipped_bytes_total", "Bytes of the parts uploaded to the crawl's "
+                             "s3:// output.", SHARD)
+PART_SHIP_FAILURES = Counter("crawld_part_ship_failures_total", "Failed part uploads (each is retried with "
+                             "backoff; the part stays in the spool until it succeeds).", SHARD)
 
 # -- reclaim ---------------------------------------------------------------------
 RECLAIMS = Counter("crawld_reclaims_total", "Expired claims returned to their queue by reclaim.", SHARD)
@@ -189,9 +204,11 @@ class RedisCollector:
         mem_used = GaugeMetricFamily("crawld_redis_used_memory_bytes", "Redis used_memory.")
         mem_max = GaugeMetricFamily("crawld_redis_maxmemory_bytes", "Redis maxmemory (0: no limit).")
         try:
-            info = self.client.info("memory")
-            mem_used.add_metric([], float(info.get("used_memory", 0)))
-            mem_max.add_metric([], float(info.get("maxmemory", 0)))
+            from .redisconn import primaries_info  # a cluster: the sums over its masters
+
+            nodes = primaries_info(self.client, "memory").values()
+            mem_used.add_metric([], float(sum(int(i.get("used_memory", 0)) for i in nodes)))
+            mem_max.add_metric([], float(sum(int(i.get("maxmemory", 0)) for i in nodes)))
             for cid, frontier in sorted(self.crawls().items()):
                 shards = range(frontier.config.num_shards) if self.shards is None else \
                     [s for s in self.shards if s < frontier.config.num_shards]

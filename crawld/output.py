@@ -84,12 +84,17 @@ class PartWriter:
     batch durable (default ``os.fdatasync``; the worker passes one that runs
     in a thread so the event loop is not blocked).
 
+    ``on_close(path)``, when given, is called with each closed part (e.g. to
+    ship it); :meth:`rotate_if_old` closes a part past ``max_age_s`` even
+    when no row comes (the worker calls it periodically).
+
     Raises ``OSError`` when the directory cannot be created or written.
     """
 
     def __init__(self, output: str | os.PathLike, crawl_id: str, shard: int,
                  max_bytes: int = 64 * 1024 * 1024, max_age_s: float = 300.0,
-                 sync: Callable[[int], Any] = os.fdatasync, kind: str = "part"):
+                 sync: Callable[[int], Any] = os.fdatasync, kind: str = "part",
+                 on_close: Callable[[Path], Any] | None = None):
         if kind not in ("part", "skip"):
             raise ValueError(f"part kind must be 'part' or 'skip', not {kind!r}")
         self.kind = kind
@@ -98,6 +103,7 @@ class PartWriter:
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self._sync = sync
+        self._on_close = on_close
         self._seq = 0
         self._file = None
         self._path: Path | None = None
@@ -163,7 +169,16 @@ class PartWriter:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+        if self._on_close is not None:
+            self._on_close(final)
         return final
+
+    def rotate_if_old(self) -> Path | None:
+        """Close the current part if it is older than ``max_age_s`` (rows
+        in it are durable already); returns the closed path, else None."""
+        if self._file is not None and time.monotonic() - self._opened >= self.max_age_s:
+            return self.close()
+        return None
 
 
 #: name of the part holding a shard's dead-lettered entries; rewritten whole

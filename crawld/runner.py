@@ -11,6 +11,7 @@ the Parquet artifact and summarises.  It drives the same
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -24,10 +25,12 @@ import redis
 from . import logs
 from .config import CrawlConfig
 from .crawls import create_crawl, export_dead_letters, seed
+from .dedup import bloom_report
 from .frontier import Frontier, ShardSnapshot, crawl_finished
 from .localredis import RedisServer
 from .merge import MergeResult, merge_crawl
 from .redisconn import check, connect
+from .storage import is_remote, merged, ship_spool, spool_dir, with_location
 from .supervisor import Supervisor, crawl_children
 from .verify import record_merge
 
@@ -111,6 +114,11 @@ def format_summary(crawl_id: str, s: dict[str, Any]) -> str:
         f"wall time    {s['wall_s']:.1f} s",
         f"pages/s      {s['pages_per_s']}",
     ]
+    b = s.get("bloom")
+    if b:
+        lines.append(f"bloom filter {b['urls']} URLs to fetch, {b['skip_urls']} to record ({b['impl']}); "
+                     f"estimated false-positive rate {b['fp_rate_est']:.3g} now "
+                     f"(configured {b['fp_rate_configured']:g} at {b['capacity_per_shard']} URLs per shard)")
     for host, n in list(s["hosts"].items())[:20]:
         lines.append(f"host         {host} {n}")
     return "\n".join(lines)
@@ -165,7 +173,8 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
     try:
         client = connect(url)
         check(client, url)
-        Path(config.output).mkdir(parents=True, exist_ok=True)
+        if not is_remote(config.output):
+            Path(config.output).mkdir(parents=True, exist_ok=True)
         create_crawl(client, config)
         seeded = seed(client, config, list(config.seeds))
         log.info("crawl_created", seeds=seeded, shards=config.num_shards)
@@ -210,11 +219,27 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
                      else f"its state stays in Redis as crawl {config.crawl_id!r}")
             raise RunInterrupted(f"interrupted before the crawl finished; {where}")
         dead = export_dead_letters(client, config)
-        merge = merge_crawl(config.output, config.crawl_id, config.created_at)
-        record_merge(client, config, merge)  # for 'crawlctl verify' (row count vs the previous crawl)
-        summary = summarize(merge, time.monotonic() - t0)
+        if is_remote(config.output):
+            # parts the workers could not ship before they exited
+            spool = spool_dir({**os.environ, **opts.env})
+            n, nbytes = ship_spool(spool, config.output, config.crawl_id, config.num_shards)
+            if n:
+                log.info("spool_shipped", parts=n, bytes=nbytes)
+            # parts downloaded to a temporary directory, artifact uploaded
+            with merged(config.output, config.crawl_id, config.created_at) as (merge, artifact):
+                summary = summarize(merge, time.monotonic() - t0)
+                merge = with_location(merge, artifact)
+            summary["artifact"] = artifact
+            record_merge(client, config, merge)  # for 'crawlctl verify' (row count vs the previous crawl)
+        else:
+            merge = merge_crawl(config.output, config.crawl_id, config.created_at)
+            record_merge(client, config, merge)  # for 'crawlctl verify' (row count vs the previous crawl)
+            summary = summarize(merge, time.monotonic() - t0)
         summary["dead_letters"] = dead
         summary["crawl_id"] = config.crawl_id
+        if config.dedup == "redis_bloom":
+            # a false positive is a page silently not crawled: say how likely
+            summary["bloom"] = bloom_report(client, config)
         return summary
     finally:
         if server is not None:

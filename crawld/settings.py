@@ -80,6 +80,13 @@ def _text(v: Any) -> str:
     return v
 
 
+def _output(v: Any) -> str:
+    v = _text(v)
+    if v.startswith("s3://") and not v[5:].split("/", 1)[0]:
+        raise ValueError(f"must name a bucket: s3://bucket/prefix, got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class MachineSetting:
     """One machine setting: its environment variable, unit, default, meaning."""
@@ -114,8 +121,11 @@ MACHINE_SETTINGS: tuple[MachineSetting, ...] = (
                    number_check(1, 1000, True)),
     MachineSetting("CRAWLD_PROXY", "URL", None, "HTTP proxy for every request (else HTTP_PROXY/HTTPS_PROXY)",
                    _optional(_proxy)),
-    MachineSetting("OUTPUT_BUCKET", "path", None, "output location of crawls created on this machine "
-                   "(crawl setting 'output')", _optional(_text)),
+    MachineSetting("OUTPUT_BUCKET", "path or URL", None, "output location of crawls created on this machine "
+                   "(crawl setting 'output'): a directory, or s3://bucket/prefix (boto3: AWS_* credentials, "
+                   "AWS_ENDPOINT_URL for any S3-compatible endpoint)", _optional(_output)),
+    MachineSetting("CRAWLD_SPOOL_DIR", "path", "/var/lib/crawld/spool", "local directory where workers write "
+                   "the parts of s3:// outputs until each closed part is uploaded", _text),
     MachineSetting("MAX_RPS_PER_HOST", "requests/s", None, "rate limit of crawls created on this machine "
                    "(crawl setting 'max_rps_per_host')", _optional(number_check(0.001, 10000))),
     MachineSetting("METRICS_PORT", "port", 9410, "port of the Prometheus /metrics endpoint (0 = off)",

@@ -1,7 +1,8 @@
 """A crawl's state as an operator sees it (``crawlctl status``, the
 scrape-time gauges of :mod:`crawld.metrics`).
 
-:func:`shard_status` reads one shard in one MULTI/EXEC; :func:`crawl_status`
+:func:`shard_status` reads one shard atomically (one read-only script,
+:meth:`crawld.frontier.Frontier.counts`; the same on Redis Cluster); :func:`crawl_status`
 adds the totals; :func:`render` is the table.  All times are seconds.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import keys
 from .frontier import Frontier
 
 #: per-shard fields, in table order: (key, column heading)
@@ -32,24 +32,16 @@ def shard_status(frontier: Frontier, shard: int) -> dict[str, Any]:
     ``recorded`` rows acked by outcome, ``acked``, ``stats`` (every counter).
 
     Raises ``redis.RedisError``."""
-    k = keys.shard_keys(frontier.config.crawl_id, shard)
-    pipe = frontier.client.pipeline(transaction=True)
-    pipe.time().zcard(k.queue).zcard(k.sched).zcard(k.claimed).zrange(k.claimed, 0, 0, withscores=True)
-    pipe.llen(k.skips).llen(k.dead).get(k.lease).hgetall(k.stats)
-    (sec, usec), queued, sched, claimed, first, skips, dead, lease, raw = pipe.execute()
-    now_us = sec * 1_000_000 + usec
+    c = frontier.counts(shard)
     vt_us = frontier.config.visibility_timeout_s * 1e6
-    stats = {kk.decode(): int(v) for kk, v in raw.items()}
-    oldest = expired = 0
-    if first:
-        deadline = first[0][1]
-        oldest = max(0.0, (now_us - (deadline - vt_us)) / 1e6)
-        if deadline < now_us:
-            expired = frontier.client.zcount(k.claimed, "-inf", now_us)
+    stats = c["stats"]
+    oldest = 0.0
+    if c["oldest_deadline_us"] is not None:
+        oldest = max(0.0, (c["now_us"] - (c["oldest_deadline_us"] - vt_us)) / 1e6)
     return {
-        "shard": shard, "queued": queued, "hosts_waiting": sched, "claimed": claimed, "expired": expired,
-        "oldest_claim_s": round(oldest, 3), "skips": skips, "dead": dead,
-        "leaseholder": lease.decode() if lease else None, "acked": stats.get("acked", 0),
+        "shard": shard, "queued": c["queued"], "hosts_waiting": c["scheduled"], "claimed": c["claimed"],
+        "expired": c["expired"], "oldest_claim_s": round(oldest, 3), "skips": c["skips"], "dead": c["dead"],
+        "leaseholder": c["lease"], "acked": stats.get("acked", 0),
         "fetched": sum(stats.get(f"rows_{o}", 0) for o in FETCHED), "errors": stats.get("rows_error", 0),
         "recorded": sum(stats.get(f"rows_{o}", 0) for o in RECORDED) + stats.get("dead", 0),
         "stats": stats,
@@ -58,8 +50,12 @@ def shard_status(frontier: Frontier, shard: int) -> dict[str, Any]:
 
 def crawl_status(frontier: Frontier) -> dict[str, Any]:
     """Every shard of the crawl plus ``totals`` (sums; the oldest claim is
-    the maximum; ``leased`` counts shards with a leaseholder) and
-    ``finished`` (every shard empty with nothing claimed)."""
+    the maximum; ``leased`` counts shards with a leaseholder),
+    ``finished`` (every shard empty with nothing claimed) and ``state``
+    (``active``, ``paused`` or ``cancelled``: :func:`crawld.keys.crawl_state`)."""
+    from . import keys
+
+    raw_state = frontier.client.get(keys.crawl_state(frontier.config.crawl_id))
     shards = [shard_status(frontier, s) for s in range(frontier.config.num_shards)]
     totals: dict[str, Any] = {}
     for name, _ in COLUMNS:
@@ -72,7 +68,7 @@ def crawl_status(frontier: Frontier) -> dict[str, Any]:
     finished = all(s["queued"] == 0 and s["claimed"] == 0 and s["skips"] == 0 for s in shards)
     return {"crawl_id": frontier.config.crawl_id, "num_shards": frontier.config.num_shards,
             "shards": [{k: v for k, v in s.items() if k != "stats"} for s in shards],
-            "totals": totals, "finished": finished}
+            "totals": totals, "finished": finished, "state": raw_state.decode() if raw_state else "active"}
 
 
 def render(st: dict[str, Any]) -> str:
@@ -87,8 +83,16 @@ def render(st: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i < len(r) - 1 else c for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
-    state = "finished (every shard empty, nothing claimed)" if st["finished"] else "running"
-    return f"crawl {st['crawl_id']}: {state}\n" + "\n".join(lines)
+    state = st.get("state", "active")
+    if st["finished"]:
+        progress = "finished (every shard empty, nothing claimed)"
+    elif state == "paused":
+        progress = f"not finished, nothing claimed until 'crawlctl resume --crawl-id {st['crawl_id']}'"
+    elif state == "cancelled":
+        progress = "not finished, no longer served (the rest stays unfetched)"
+    else:
+        progress = "running"
+    return f"crawl {st['crawl_id']}: {state}, {progress}\n" + "\n".join(lines)
 
 
 def _cell(v: Any) -> str:

@@ -141,12 +141,14 @@ def check_claimed_empty(shards: list[dict[str, Any]]) -> Check:
 
 
 def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int | None, int],
-                          tolerance: float = DEFAULT_TOLERANCE) -> Check:
+                          tolerance: float = DEFAULT_TOLERANCE, spilled: int = 0) -> Check:
     """Per shard and in total, rows acknowledged by the frontier
     (``acked`` + ``dead``) against the artifact's distinct rows of that shard
     (``rows_by_shard``: shard -> rows; None for rows without a shard), within
     ``tolerance`` (a fraction of the acknowledged count).  A shard with
-    acknowledged rows and none in the artifact is reported as missing."""
+    acknowledged rows and none in the artifact is reported as missing.
+    ``spilled`` rows (memory back-pressure, not in ``rows_by_shard``) are
+    only reported."""
     expected = {s["shard"]: s["acked"] + s["dead"] for s in shards}
     acked = sum(s["acked"] for s in shards)
     dead = sum(s["dead"] for s in shards)
@@ -168,7 +170,9 @@ def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int 
     data = {"acked": acked, "dead": dead, "artifact_rows": total_got, "tolerance": tolerance,
             "missing_shards": missing, "shards": per}
     total = (f"total {total_want} acked+dead ({acked} acked, {dead} dead) vs {total_got} distinct rows "
-             f"in artifact ({_rel(total_got, total_want)}, tolerance {_pct(tolerance)})")
+             f"in artifact ({_rel(total_got, total_want)}, tolerance {_pct(tolerance)})"
+             + (f"; {spilled} links recorded under memory back-pressure not counted" if spilled else ""))
+    data["spilled"] = spilled
     if not bad and total_ok:
         return Check("visited_vs_rows", True, f"{len(shards)} shard(s) within tolerance; {total}", data)
     return Check("visited_vs_rows", False, (f"{_named(bad)}; " if bad else "") + total, data)
@@ -251,10 +255,13 @@ class ArtifactFacts:
     ``distinct_by_shard`` (first row of each canonical URL, by ``shard``),
     ``duplicate_rows`` (rows beyond the first of a URL) with a few example
     URLs, and ``request_times`` (registered domain -> request start times
-    in Unix seconds)."""
+    in Unix seconds).  ``spilled`` rows (links recorded instead of queued
+    under Redis memory back-pressure) stand for no claim, so they are left
+    out of ``distinct_by_shard``."""
 
     rows: int = 0
     distinct_by_shard: dict[int | None, int] = field(default_factory=dict)
+    spilled: int = 0  # rows of links recorded under Redis memory back-pressure (never acked)
     duplicate_rows: int = 0
     duplicate_examples: list[str] = field(default_factory=list)
     request_times: dict[str, list[float]] = field(default_factory=dict)
@@ -281,10 +288,14 @@ def artifact_facts(batches: Iterable[dict[str, list[Any]]]) -> ArtifactFacts:
     by_shard: Counter = Counter()
     times: dict[str, list[float]] = {}
     for b in batches:
-        for canon, shard, outcome, status, rms, host, at in zip(
+        errors = b.get("error") or [None] * len(b["canonical_url"])
+        for canon, shard, outcome, status, rms, host, at, err in zip(
                 b["canonical_url"], b["shard"], b["outcome"], b["status"], b["response_ms"], b["host"],
-                b["fetched_at"]):
+                b["fetched_at"], errors):
             facts.rows += 1
+            if outcome == "skipped" and err == SPILL_REASON:
+                facts.spilled += 1
+                continue
             fp = fingerprint(canon or "")
             if fp in seen:
                 facts.duplicate_rows += 1
@@ -304,7 +315,10 @@ def artifact_facts(batches: Iterable[dict[str, list[Any]]]) -> ArtifactFacts:
     return facts
 
 
-_COLUMNS = ["canonical_url", "shard", "outcome", "status", "response_ms", "host", "fetched_at"]
+_COLUMNS = ["canonical_url", "shard", "outcome", "status", "response_ms", "host", "fetched_at", "error"]
+
+#: the error of rows recorded under memory back-pressure (crawld.crawlshard)
+SPILL_REASON = "memory_backpressure"
 
 
 def read_artifact(path: str | os.PathLike) -> ArtifactFacts:
@@ -402,7 +416,7 @@ def evaluate(config: CrawlConfig, shards: list[dict[str, Any]], facts: ArtifactF
     return [
         check_shards_drained(shards),
         check_claimed_empty(shards),
-        check_visited_vs_rows(shards, facts.distinct_by_shard, tolerance),
+        check_visited_vs_rows(shards, facts.distinct_by_shard, tolerance, spilled=facts.spilled),
         check_row_count_vs_previous(facts.rows, config.family_name,
                                     previous_crawl(records, config.crawl_id, config.created_at), band),
         check_politeness(facts.request_times, config.max_rps_per_host),

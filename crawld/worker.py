@@ -21,7 +21,12 @@ else is imported, then runs these greenlets:
   pushes the links and acks the tokens in one pipelined round trip (group
   commit: an ack always follows the durable row and the pushes of its page);
 * the heartbeat extends the visibility deadline of every claim still held,
-  and stops the worker if its supervisor died.
+  and stops the worker if its supervisor died;
+* control, every second: each served crawl's state (``crawlctl pause``:
+  claim nothing for it; ``resume``; ``cancel`` or ``purge``: finish and
+  commit what is held, then stop serving it), and every two seconds Redis
+  ``INFO memory``: above a crawl's ``memory_high_watermark`` of maxmemory,
+  its new links are recorded as rows instead of pushed (back-pressure).
 
 SIGTERM or SIGINT drains: stop claiming, let in-flight fetches finish
 (within ``drain_timeout_s``), commit, close the parts, give the leases up,
@@ -51,7 +56,8 @@ from .cliargs import Parser, crawl_id_arg, int_range, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig
 from .crawlshard import CrawlShard
 from .frontier import LeaseLost
-from .redisconn import RedisUnfit, check, connect, redis_url
+from .storage import PartShipper
+from .redisconn import RedisUnfit, check, connect, primaries_info, redis_url
 
 
 def default_lease_token() -> str:
@@ -97,8 +103,12 @@ class Worker:
         self._commit_wake = gevent.event.Event()
         self._committing_done = False
         self.draining = False  # crawlctl drain: hold no claims, no leases
+        self._retiring: set[str] = set()  # cancelled crawls being finished off
+        self._memory: tuple[int, int] | None = None  # last (used_memory, maxmemory)
         hub = gevent.get_hub()
         self._sync = lambda fd: hub.threadpool.apply(os.fdatasync, (fd,))
+        # closed parts of s3:// outputs, uploaded in the background
+        self.shipper = PartShipper(self.log)
 
     @property
     def pages(self) -> int:
@@ -116,11 +126,18 @@ class Worker:
         self.discover()
         self.renew_leases()
         self.check_drain()
+        try:
+            self.check_memory()
+        except redis.RedisError as exc:
+            self.log.error("check_memory_failed", error=_one_line(exc))
         loops = [gevent.spawn(self._every, self.discover_every_s, self.discover),
                  gevent.spawn(self._every, self.lease_ttl_s / 3.0, self.renew_leases),
-                 gevent.spawn(self._every, 1.0, self.check_drain)]
+                 gevent.spawn(self._every, 1.0, self.check_drain),
+                 gevent.spawn(self._every, 1.0, self.check_crawls),
+                 gevent.spawn(self._every, 2.0, self.check_memory)]
         committer = gevent.spawn(self._commit_loop)
         beat = gevent.spawn(self._heartbeat_loop, ppid)
+        shipping = gevent.spawn(self.shipper.run)
         self.log.info("worker_started", concurrency=self.pool.size, pid=os.getpid(), crawls=sorted(self.crawls))
         t_stop = time.monotonic()
         try:
@@ -144,8 +161,14 @@ class Worker:
                                  crawls=[c.crawl_id for c in self.crawls.values() if c.has_uncommitted()])
                 committer.kill()
             beat.kill()
-            for c in self.crawls.values():
+            for c in list(self.crawls.values()):
                 c.close()
+            # ship the parts just closed; what is left stays in the spool
+            # and is shipped at the next start
+            if not self.shipper.flush(max(deadline - time.monotonic(), 3.0)):
+                self.log.warning("parts_left_in_spool", parts=self.shipper.pending(),
+                                 action="shipped at the next start")
+            shipping.kill()
         drain_s = time.monotonic() - t_stop
         metrics.DRAIN_SECONDS.labels(str(self.shard)).observe(drain_s)
         self.log.info("worker_stopped", pages=self.pages, drain_s=round(drain_s, 3))
@@ -166,10 +189,11 @@ class Worker:
         if ids is None:
             ids = sorted(x.decode() for x in self.client.smembers(keys.CRAWLS))
         for cid in ids:
-            if cid in self.crawls:
+            if cid in self.crawls or cid in self._retiring:
                 continue
-            raw = self.client.get(keys.crawl_config(cid))
-            if raw is None:
+            raw, state = self.client.pipeline(transaction=False).get(keys.crawl_config(cid)).get(
+                keys.crawl_state(cid)).execute()
+            if raw is None or state == b"cancelled":
                 continue
             try:
                 config = CrawlConfig.from_json(raw)
@@ -181,8 +205,13 @@ class Worker:
             self.crawls[cid] = CrawlShard(self.client, config, self.shard, concurrency=self.concurrency,
                                           proxy=self.proxy, lease_token=self.lease_token, sync=self._sync,
                                           wake=self._wake.set, commit_batch=self.commit_batch,
-                                          log=self.log.bind(crawl_id=cid))
-            self.log.info("crawl_served", crawl_id=cid, num_shards=config.num_shards)
+                                          log=self.log.bind(crawl_id=cid), shipper=self.shipper)
+            if state:
+                self.crawls[cid].set_state(state.decode())
+            if self._memory:
+                self.crawls[cid].observe_memory(*self._memory)
+            self.log.info("crawl_served", crawl_id=cid, num_shards=config.num_shards,
+                          state=self.crawls[cid].state)
 
     def renew_leases(self) -> None:
         """Take or renew the lease of every served crawl's shard."""
@@ -207,6 +236,53 @@ class Worker:
             self.renew_leases()
             self._wake.set()
 
+    def check_crawls(self) -> None:
+        """Follow ``crawlctl pause|resume|cancel|purge`` through each served
+        crawl's :func:`crawld.keys.crawl_state` (one pipelined read): a
+        paused crawl is not claimed from; a cancelled one (or one whose
+        config is gone: purged) is finished off and no longer served."""
+        served = [c for c in self.crawls.values() if c.crawl_id not in self._retiring]
+        if not served:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for c in served:
+            pipe.get(keys.crawl_state(c.crawl_id)).exists(keys.crawl_config(c.crawl_id))
+        res = pipe.execute()
+        for i, c in enumerate(served):
+            state, exists = res[2 * i], res[2 * i + 1]
+            state = "cancelled" if not exists else (state.decode() if state else "active")
+            if c.set_state(state) and state == "active":
+                self._wake.set()
+            if c.state == "cancelled":
+                self._retiring.add(c.crawl_id)
+                gevent.spawn(self._retire, c)
+
+    def _retire(self, c: CrawlShard) -> None:
+        """Stop serving a cancelled crawl once its fetches in flight are
+        done and committed: close its parts, give its lease up."""
+        t0 = time.monotonic()
+        while not c.quiet():
+            if self._stopping.is_set():
+                return  # the worker's own drain closes it
+            self._commit_wake.set()
+            gevent.sleep(0.05)
+        if self._stopping.is_set() or self.crawls.get(c.crawl_id) is not c:
+            return
+        del self.crawls[c.crawl_id]
+        c.close()
+        self._retiring.discard(c.crawl_id)
+        c.log.info("crawl_retired", pages=c.pages, drain_s=round(time.monotonic() - t0, 3),
+                   action="no longer served (cancelled)")
+
+    def check_memory(self) -> None:
+        """Read Redis ``INFO memory`` and let every served crawl turn its
+        back-pressure on or off (each against its own watermark)."""
+        if not self.crawls:
+            return
+        self._memory = memory_reading(primaries_info(self.client, "memory"))
+        for c in list(self.crawls.values()):
+            c.observe_memory(*self._memory)
+
     def _drain_out(self) -> None:
         t0 = time.monotonic()
         self.pool.join()
@@ -230,9 +306,9 @@ class Worker:
             now = time.monotonic()
             ready = [] if self.draining else [
                 c for c in self.crawls.values()
-                if c.leased and c.next_claim <= now and c.pending_rows() < self.max_pending_rows]
+                if c.claimable and c.next_claim <= now and c.pending_rows() < self.max_pending_rows]
             if not ready:
-                later = [c.next_claim for c in self.crawls.values() if c.leased]
+                later = [c.next_claim for c in self.crawls.values() if c.claimable]
                 delay = min([self.idle_max_s, *(t - now for t in later)])
                 self._wake.clear()
                 self._wake.wait(max(delay, 0.001))
@@ -278,6 +354,7 @@ class Worker:
             for c in list(self.crawls.values()):
                 c.commit_wanted = False
                 c.commit()
+                c.rotate_parts()  # by age, even when idle (here: never during a write)
             if done and not any(c.has_uncommitted() for c in self.crawls.values()):
                 return
 
@@ -300,6 +377,16 @@ class Worker:
                     c.extend_claims()
                 except redis.RedisError as exc:
                     c.log.error("heartbeat_failed", error=_one_line(exc))
+
+
+def memory_reading(info: dict) -> tuple[int, int]:
+    """``(used_memory, maxmemory)`` from ``INFO memory``; for a cluster
+    client's per-node answer, those of the node nearest its maxmemory."""
+    if "used_memory" in info or not info:
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    nodes = [(int(v.get("used_memory", 0)), int(v.get("maxmemory", 0)))
+             for v in info.values() if isinstance(v, dict)]
+    return max(nodes, key=lambda um: um[0] / um[1] if um[1] else 0.0, default=(0, 0))
 
 
 def _one_line(exc: BaseException) -> str:

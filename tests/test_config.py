@@ -43,8 +43,12 @@ BAD_VALUE = {
     "max_url_length": 10,
     "max_query_variants": -3,
     "max_path_repeats": 0,
+    "dedup": "memcached",
+    "expected_urls": 0,
+    "bloom_fp_rate": 0,
     "allow_loopback": "y3s",
     "allow_private_networks": None,
+    "memory_high_watermark": 1.5,
     "output": "   ",
     # the unit is "UTC ISO-8601" and the value dates the artifact path
     "created_at": "yesterday",
@@ -63,7 +67,11 @@ MORE_BAD = [
     ("max_depth", [1]), ("max_depth", 10001),
     ("user_agent", "x" * 301), ("user_agent", 7),
     ("max_body_bytes", 1 << 32),
+    ("dedup", 1), ("dedup", ""), ("dedup", "redis_set,redis_bloom"),
+    ("expected_urls", 2.5), ("expected_urls", "many"), ("expected_urls", 10 ** 12),
+    ("bloom_fp_rate", 0.6), ("bloom_fp_rate", "1%"), ("bloom_fp_rate", float("nan")),
     ("output", ""), ("output", None),
+    ("memory_high_watermark", -0.1), ("memory_high_watermark", "high"), ("memory_high_watermark", float("nan")),
     ("created_at", ""), ("created_at", "2024-13-45T99:99:99Z"), ("created_at", "not a date at all"),
 ]
 

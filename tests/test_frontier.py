@@ -19,7 +19,7 @@ import time
 import pytest
 from redis.crc import key_slot
 
-from crawld import keys
+from crawld import dedup, keys
 from crawld.config import CrawlConfig
 from crawld.frontier import Claim, Entry, Frontier, HostReport, PushItem, ShardSnapshot, crawl_finished
 from crawld.urls import fingerprint
@@ -29,10 +29,15 @@ A = "a.example"
 B = "b.example"
 
 
+#: settings added to every test's crawl (tests/test_frontier_bloom.py runs
+#: this file again with dedup=redis_bloom)
+DEDUP: dict = {}
+
+
 # -- helpers -------------------------------------------------------------
 def make_frontier(rds, **over) -> Frontier:
     d = {"crawl_id": CRAWL, "num_shards": 2, "max_rps_per_host": 1000, "burst": 1,
-         "max_inflight_per_host": 100, "visibility_timeout_s": 60, "max_attempts": 3}
+         "max_inflight_per_host": 100, "visibility_timeout_s": 60, "max_attempts": 3, **DEDUP}
     d.update(over)
     return Frontier(rds, CrawlConfig.from_dict(d))
 
@@ -76,6 +81,17 @@ def qpayload_of(pkey: str, i: int, path: str = "search") -> bytes:
 
 def skeys(shard: int = 0) -> keys.ShardKeys:
     return keys.shard_keys(CRAWL, shard)
+
+
+def in_dedup(rds, structure: str, fp: bytes, shard: int = 0) -> bool:
+    """Whether ``fp`` is in the shard's ``seen`` or ``skipseen`` structure."""
+    return dedup.contains(rds, CRAWL, shard, structure, fp)
+
+
+def dedup_count(rds, structure: str, shard: int = 0) -> int:
+    """Fingerprints added to the shard's ``seen`` or ``skipseen`` structure."""
+    i = dedup.info(rds, CRAWL, shard, structure)
+    return i["n"] if i else 0
 
 
 def vt_us(f: Frontier) -> int:
@@ -233,7 +249,11 @@ def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
     for name in ("skips", "skipseen", "rates", "fails", "parked", "budget", "variants"):
         assert getattr(keys.shard_keys(CRAWL, 1), name) in written, name
     assert written, "nothing written"
-    assert written <= set(keys.shard_keys(CRAWL, 1).all())
+    sk1 = keys.shard_keys(CRAWL, 1)
+    # the dedup structures' data keys extend seen/skipseen (crawld.dedup)
+    data = {k for k in written if k.startswith((sk1.seen + ":", sk1.skipseen + ":"))}
+    assert data
+    assert written - data <= set(sk1.all())
     assert all("{t:1}" in k for k in written)
 
 
@@ -247,7 +267,7 @@ def test_push_dedups_same_fingerprint_within_and_across_calls(rds):
     assert snap.queued == 2
     assert snap.stats.get("pushed") == 2
     assert snap.stats.get("dup") == 3
-    assert rds.scard(skeys(0).seen) == 2
+    assert dedup_count(rds, "seen") == 2
     assert f.push(0, []) == (0, 0, 0)
     assert f.snapshot(0).skips == 0
 
@@ -1107,8 +1127,8 @@ def test_skip_entry_is_recorded_once(rds):
     assert (snap.skips, snap.queued, snap.scheduled) == (1, 0, 0)
     assert snap.stats.get("skip_pushed") == 1 and snap.stats.get("pushed") is None
     assert snap.stats.get("dup") == 3
-    assert rds.sismember(skeys(0).skipseen, it.fp)
-    assert not rds.sismember(skeys(0).seen, it.fp)
+    assert in_dedup(rds, "skipseen", it.fp)
+    assert not in_dedup(rds, "seen", it.fp)
     assert pending_skips(rds) == [("out_of_scope", payload_of(A, 1))]
     wait, cl = f.claim(0, 10)
     assert [(c.mode, c.payload, c.attempts) for c in cl] == [("out_of_scope", payload_of(A, 1), 1)]
@@ -1133,7 +1153,7 @@ def test_skip_entry_is_not_recorded_when_the_url_was_queued_for_fetching(rds):
     assert f.push(0, [skip_item(A, 1, "nofollow")]) == (0, 0, 1)
     snap = f.snapshot(0)
     assert snap.skips == 0 and snap.stats.get("skip_pushed") is None
-    assert rds.scard(skeys(0).skipseen) == 0
+    assert dedup_count(rds, "skipseen") == 0
     assert f.claim(0, 10) == (-1.0, [])
 
 
@@ -1284,7 +1304,7 @@ def test_page_budget_turns_the_4th_url_of_a_host_into_an_over_budget_skip(rds):
     assert snap.stats.get("pushed") == 7 and snap.stats.get("skip_pushed") == 2
     # the refused URL is recorded once: pushed again, for fetching or not, it is a duplicate
     assert f.push(0, [item(A, 4), skip_item(A, 4, "nofollow")]) == (0, 0, 2)
-    assert rds.sismember(skeys(0).skipseen, item(A, 4).fp)
+    assert in_dedup(rds, "skipseen", item(A, 4).fp)
     _, cl = f.claim(0, 2)
     assert [(c.mode, c.payload) for c in cl] == [("over_budget", payload_of(A, 4)),
                                                  ("over_budget", payload_of(B, 4))]

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from crawld import merge
 from crawld.merge import artifact_path, merge_crawl, merge_parts
-from crawld.output import CLOSED_SUFFIX, OPEN_SUFFIX, PartWriter, list_parts, shard_dir
+from crawld.output import CLOSED_SUFFIX, OPEN_SUFFIX, PartWriter, list_parts, shard_dir, write_dead_letter_part
 from crawld.rows import SCHEMA, make_row
 
 CRAWL = "c1"
@@ -296,3 +297,153 @@ def test_partwriter_lines_are_utf8_json(tmp_path):
     assert json.loads(data)["title"] == "na\u00efve \u65e5\u672c \u2028 line\nbreak"
     res = merge_crawl(tmp_path, CRAWL, "2024-03-05T10:00:00Z")
     assert read_rows(res.path)[0]["title"] == "na\u00efve \u65e5\u672c \u2028 line\nbreak"
+
+
+# bounded (external, partitioned) merge ---------------------------------------
+
+def reference_merge(parts: list[Path]) -> tuple[pa.Table, int, int, int]:
+    """The naive in-memory merge: read every part, keep the first row per
+    canonical_url in part order; (table, duplicates, cross-shard, bad)."""
+    kept: dict[str, dict] = {}
+    dups = cross = bad = 0
+    for p in parts:
+        for line in p.read_bytes().split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            first = kept.get(r["canonical_url"])
+            if first is not None:
+                dups += 1
+                cross += first["shard"] != r["shard"]
+                continue
+            r["fetched_at"] = datetime.fromtimestamp(r["fetched_at"] / 1000, timezone.utc)
+            kept[r["canonical_url"]] = r
+    return pa.Table.from_pylist(list(kept.values()), schema=SCHEMA), dups, cross, bad
+
+
+def by_canonical(table: pa.Table) -> list[dict]:
+    return table.sort_by("canonical_url").to_pylist()
+
+
+@pytest.fixture
+def dup_crawl(tmp_path) -> Path:
+    """~200 rows over 4 shards and all three part kinds: duplicates within a
+    part, across parts of one shard, across shards and across kinds; torn
+    last lines; a corrupt middle line."""
+    out = tmp_path / "out"
+    for shard in range(4):
+        for k in range(2):
+            rows = [row(i, canon=f"http://example.com/{(i * 7 + shard) % 90}", shard=shard,
+                        title=f"s{shard} p{k} r{i}", at=T0 + timedelta(seconds=i))
+                    for i in range(k * 20, k * 20 + 20)]
+            own = row(900 + shard, canon=f"http://example.com/own/{shard}/{k}", shard=shard, title="own")
+            rows[5:5] = [own, dict(own, title="copy within the part")]
+            if k == 1:
+                rows.append(dict(own, canonical_url=f"http://example.com/own/{shard}/0", title="copy, same shard"))
+            p = write_part(out, shard, rows, close=(shard != 2 or k == 0))
+            if shard == 1 and k == 1:
+                with open(p, "ab") as f:
+                    f.write(b"{not json\n" + (json.dumps(row(500, shard=1)) + "\n").encode())
+            if shard == 2 and k == 1:
+                with open(p, "ab") as f:  # the open part of a killed worker
+                    f.write(json.dumps(row(501))[:40].encode())
+    write_dead_letter_part(out, CRAWL, 3, [row(600, outcome="dead_letter", shard=3, error="gave up"),
+                                           row(5, outcome="dead_letter", shard=3, error="dup of a fetched")])
+    w = PartWriter(out, CRAWL, 0, kind="skip")
+    w.write([row(700, outcome="skipped", status=None, error="out_of_scope"),
+             row(8, outcome="skipped", status=None, error="over_depth")])
+    w.close()
+    return out
+
+
+def spill_dirs(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".merge-" in p.name or p.name.endswith(".arrow")]
+
+
+def test_bounded_merge_equals_naive_merge_over_partitions(dup_crawl, monkeypatch):
+    parts = list_parts(dup_crawl, CRAWL)
+    assert {p.name.split("-", 1)[0] for p in parts} == {"part", "dead", "skip"}
+    want, dups, cross, bad = reference_merge(parts)
+    assert dups > 40 and 10 < cross <= dups - 6 and bad == 2  # same-shard duplicates too
+    spilled: list[str] = []
+    real_write = merge._Spill.write
+    monkeypatch.setattr(merge._Spill, "write",
+                        lambda self, p, t: (spilled.append(self.path(p).name), real_write(self, p, t))[1])
+    # a tiny budget forces many partitions
+    res = merge_parts(parts, dup_crawl / "small.parquet", memory_budget=8 * 1024)
+    assert res.partitions > 4 and len(set(spilled)) > 4
+    got = pq.read_table(res.path)
+    assert got.schema.equals(SCHEMA)
+    assert by_canonical(got) == by_canonical(want)
+    assert (res.rows, res.duplicates, res.cross_shard_duplicates, res.bad_lines, res.parts) == \
+        (want.num_rows, dups, cross, bad, len(parts))
+    # one partition (the default budget): the same rows, in part order
+    one = merge_parts(parts, dup_crawl / "one.parquet")
+    assert one.partitions == 1
+    assert pq.read_table(one.path).to_pylist() == want.to_pylist()
+    assert (one.rows, one.duplicates, one.cross_shard_duplicates, one.bad_lines) == \
+        (res.rows, res.duplicates, res.cross_shard_duplicates, res.bad_lines)
+    for md in (pq.ParquetFile(res.path).metadata, pq.ParquetFile(one.path).metadata):
+        assert all(md.row_group(g).column(c).compression == "SNAPPY"
+                   for g in range(md.num_row_groups) for c in range(md.num_columns))
+    assert spill_dirs(dup_crawl) == []
+    assert sorted(p.name for p in dup_crawl.iterdir()) == ["one.parquet", "parts", "small.parquet"]
+
+
+def test_partitions_follow_the_budget():
+    assert merge.partitions_for(0, 512 << 20) == 1
+    assert merge.partitions_for(128 << 20, 512 << 20) == 1
+    assert merge.partitions_for((128 << 20) + 1, 512 << 20) == 2
+    assert merge.partitions_for(10 << 30, 512 << 20) == 80
+    assert merge.partitions_for(1 << 50, 512 << 20) == merge.MAX_PARTITIONS
+
+
+def test_spill_dir_option_and_env(dup_crawl, tmp_path, monkeypatch):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    seen: list[Path] = []
+    real_read = merge._Spill.read
+    monkeypatch.setattr(merge._Spill, "read", lambda self, p: (seen.append(self.root), real_read(self, p))[1])
+    merge_parts(list_parts(dup_crawl, CRAWL), dup_crawl / "a.parquet", memory_budget=8 * 1024, spill_dir=spill)
+    assert seen and all(r.parent == spill for r in seen)
+    monkeypatch.setenv("CRAWLD_MERGE_SPILL_DIR", str(spill))
+    seen.clear()
+    merge_parts(list_parts(dup_crawl, CRAWL), dup_crawl / "b.parquet", memory_budget=8 * 1024)
+    assert seen and all(r.parent == spill for r in seen)
+    assert list(spill.iterdir()) == []
+
+
+def test_unreadable_part_midway_leaves_no_spill_files(dup_crawl):
+    # a part that cannot be read (a directory where a file should be),
+    # listed after parts already spilled
+    bad = shard_dir(dup_crawl, CRAWL, 3) / f"part-99999999T000000-h-1-00001{CLOSED_SUFFIX}"
+    bad.mkdir()
+    parts = list_parts(dup_crawl, CRAWL)
+    assert parts.index(bad) > 2
+    dest = dup_crawl / "crawls" / "c1.parquet"
+    with pytest.raises(OSError):
+        merge_parts(parts, dest, memory_budget=8 * 1024)
+    assert spill_dirs(dup_crawl) == []
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_failure_in_second_pass_leaves_nothing(dup_crawl, monkeypatch):
+    calls = []
+    real = merge._dedup
+
+    def failing(table):
+        calls.append(table.num_rows)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(table)
+    monkeypatch.setattr(merge, "_dedup", failing)
+    dest = dup_crawl / "crawls" / "c1.parquet"
+    with pytest.raises(OSError, match="No space"):
+        merge_parts(list_parts(dup_crawl, CRAWL), dest, memory_budget=8 * 1024)
+    assert len(calls) == 3
+    assert spill_dirs(dup_crawl) == []
+    assert list(dest.parent.iterdir()) == []

@@ -140,11 +140,12 @@ def test_status_shows_every_shard_and_the_totals(tmp_path, own_redis):
     st = json.loads(after.stdout)
     pages = len(HOSTS) * len(site.paths())
     assert st["finished"] and st["totals"]["fetched"] == pages and st["totals"]["errors"] == 0
+    assert st["state"] == "active"
     assert st["totals"]["claimed"] == 0 and st["totals"]["leased"] == 3
     assert all(s["leaseholder"] for s in st["shards"])
     assert [sup["shards"] for sup in st["supervisors"].values()] == ["0-2"]
     lines = text.stdout.splitlines()
-    assert lines[0] == "crawl status: finished (every shard empty, nothing claimed)"
+    assert lines[0] == "crawl status: active, finished (every shard empty, nothing claimed)"
     assert lines[1].split()[:4] == ["shard", "queued", "hosts", "claimed"]
     assert lines[5].split()[0] == "total" and "3/3 leased" in lines[5]
     assert "crawld " in text.stdout and "children up" in text.stdout

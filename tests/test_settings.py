@@ -16,6 +16,7 @@ BAD = {
     "REDIS_URL": "http://not-redis", "CRAWL_ID": "has space", "CRAWLD_SHARDS": "3-1", "NUM_WORKERS": "0",
     "DRAIN_TIMEOUT_S": "-3", "LEASE_TTL_S": "forever", "CRASH_LOOP_LIMIT": "1.5", "CRAWLD_PROXY": "socks5://x:1",
     "OUTPUT_BUCKET": "   ", "MAX_RPS_PER_HOST": "0", "METRICS_PORT": "70000", "CRAWLD_LOG_LEVEL": "loud",
+    "CRAWLD_SPOOL_DIR": "   ",
 }
 
 

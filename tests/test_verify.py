@@ -359,7 +359,13 @@ def test_artifact_facts_requests_and_distinct_rows():
     }
     f = verify.artifact_facts([batch])
     assert f.rows == 7 and f.duplicate_rows == 1 and f.duplicate_examples == ["http://www.a.com/1"]
-    assert f.distinct_by_shard == {0: 3, 1: 3}
+    assert f.distinct_by_shard == {0: 3, 1: 3} and f.spilled == 0
+    # a link recorded under memory back-pressure stands for no claim
+    spilled = {k: [*v, v[-1]] for k, v in batch.items()}
+    spilled["canonical_url"][-1], spilled["outcome"][-1] = "http://www.b.com/4", "skipped"
+    spilled["error"] = [None] * 7 + ["memory_backpressure"]
+    g = verify.artifact_facts([spilled])
+    assert g.rows == 8 and g.spilled == 1 and g.distinct_by_shard == {0: 3, 1: 3}
     # a.com: fetched, redirect, the duplicate's fetch, an error with a response time; b.com: only the 503
     assert f.request_times == {"a.com": [1.0, 2.0, 3.0, 4.0], "b.com": [7.0]}
     assert not verify.made_request("error", None, 0.0) and not verify.made_request("skipped", 200, 1.0)

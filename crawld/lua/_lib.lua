@@ -11,13 +11,14 @@
 --                     its pkey, "f" once the slot is released (or never held);
 --                     mode is "" for a fetch, else why the URL is recorded
 --                     without one (a skip reason)
---   7 seen      set   fingerprints ever queued for fetching
+--   7 seen      hash  layout of the dedup structure of fingerprints ever
+--                     queued for fetching (see push.lua, crawld/dedup.py)
 --   8 dead      list  dead-lettered entries (JSON)
 --   9 stats     hash  counters
 --  10 seq       string counter for queue order and claim tokens
 --  11 skips     list  "reason \31 attempts \31 payload": URLs recorded without
 --                     a fetch
---  12 skipseen  set   fingerprints ever pushed to skips
+--  12 skipseen  hash  the same for fingerprints ever pushed to skips
 --  13 rates     hash  pkey -> emission interval (us) slower than ARGV[1]
 --  14 fails     hash  pkey -> failures in a row
 --  15 parked    hash  pkey -> why it was given up
