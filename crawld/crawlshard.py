@@ -49,6 +49,7 @@ BACKPRESSURE_HYSTERESIS = 0.02
 from .scope import Router
 from .sitemaps import parse_sitemap
 from .urls import resolve
+from .redisconn import ERRORS as REDIS_ERRORS
 
 
 class CrawlShard:
@@ -227,7 +228,7 @@ class CrawlShard:
             self.leased = False
             self._fetched.extend(fetched)
             raise
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self._fetched.extend(fetched)  # giving a slot back is idempotent: retry
             self._reports.extend(reports)
             raise
@@ -282,7 +283,7 @@ class CrawlShard:
         try:
             if self.frontier.release(self.shard, self.lease_token):
                 self.log.info("lease_released")
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.log.warning("lease_release_failed", error=_one_line(exc))
 
     # -- one entry -----------------------------------------------------------
@@ -317,7 +318,7 @@ class CrawlShard:
             self.m["NACKS"].inc()
             if r == 2:
                 self.m["DEAD_LETTERS"].inc()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             # the claim expires and comes back through reclaim
             self.log.error("nack_failed", error=_one_line(exc))
 
@@ -531,7 +532,7 @@ class CrawlShard:
                     {s: list(items.values()) for s, items in pushes.items()}, {self.shard: acks},
                     {self.shard: outcomes})
                 break
-            except (redis.RedisError, OSError) as exc:
+            except (*REDIS_ERRORS, OSError) as exc:
                 errors += 1
                 self.log.error("commit_failed", error=_one_line(exc), consecutive=errors)
                 gevent.sleep(min(0.2 * 2 ** min(errors, 5), 5.0))

@@ -41,6 +41,7 @@ from .storage import StorageError, check_output, is_remote
 from .redisconn import RedisUnfit, check, connect, redact
 from .sdnotify import Notifier
 from .supervisor import ChildSpec, Supervisor, crawl_children
+from .redisconn import ERRORS as REDIS_ERRORS
 
 #: the largest num_shards a crawl may have (see crawld.config).
 MAX_SHARDS = 4096
@@ -165,7 +166,7 @@ class Daemon:
                  "updated_at": time.time(), "children": self.sup.state(), "gave_up": self.sup.gave_up}
         try:
             self.client.hset(keys.SUPERVISORS, self.name, json.dumps(state))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.log.warning("publish_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         status = f"serving shards {shard_label(self.shards)} of {self.crawl_id or 'every crawl'}"
         if self.sup.gave_up:
@@ -206,7 +207,7 @@ class Daemon:
                 shutil.rmtree(self.metrics_dir, ignore_errors=True)
             try:
                 self.client.hdel(keys.SUPERVISORS, self.name)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass
         return exitcodes.SOFTWARE if workers <= set(self.sup.gave_up) else exitcodes.OK
 

@@ -21,6 +21,7 @@ from .cliargs import Parser, crawl_id_arg, positive_float
 from .config import ConfigError, CrawlConfig
 from .frontier import Frontier
 from .redisconn import RedisUnfit, check, connect, redis_url
+from .redisconn import ERRORS as REDIS_ERRORS
 
 
 def reclaim_pass(frontier: Frontier, limit: int = 1000) -> tuple[int, int]:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.info("reclaimed", crawl_id=cid, requeued=requeued, dead_lettered=dead)
         except ConfigError as exc:
             log.error("bad_config", error=str(exc))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.error("reclaim_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         if args.once or stop.wait(interval):
             return exitcodes.OK

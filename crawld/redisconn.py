@@ -25,6 +25,12 @@ from redis.exceptions import RedisClusterException
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+#: what a Redis call may raise: redis-py's cluster client raises
+#: RedisClusterException (SlotNotCoveredError, ...) outside RedisError, e.g.
+#: during a failover; long-running loops catch both and retry.
+ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisClusterException)
+
+
 class RedisUnfit(RuntimeError):
     """Redis is unreachable, refuses us, or is configured unsafely.
     ``str(err)`` is a one-line explanation for the operator."""

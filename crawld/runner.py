@@ -33,6 +33,7 @@ from .redisconn import check, connect
 from .storage import is_remote, merged, ship_spool, spool_dir, with_location
 from .supervisor import Supervisor, crawl_children
 from .verify import record_merge
+from .redisconn import ERRORS as REDIS_ERRORS
 
 
 class RunFailed(RuntimeError):
@@ -194,7 +195,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
                 return True
             try:
                 snaps = frontier.snapshots()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 # workers ride out a Redis outage (they retry); so does the
                 # run, for up to redis_outage_s
                 since = state.setdefault("redis_down_since", time.monotonic())

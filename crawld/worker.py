@@ -58,6 +58,7 @@ from .crawlshard import CrawlShard
 from .frontier import LeaseLost
 from .storage import PartShipper
 from .redisconn import RedisUnfit, check, connect, primaries_info, redis_url
+from .redisconn import ERRORS as REDIS_ERRORS
 
 
 def default_lease_token() -> str:
@@ -128,7 +129,7 @@ class Worker:
         self.check_drain()
         try:
             self.check_memory()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.log.error("check_memory_failed", error=_one_line(exc))
         loops = [gevent.spawn(self._every, self.discover_every_s, self.discover),
                  gevent.spawn(self._every, self.lease_ttl_s / 3.0, self.renew_leases),
@@ -179,7 +180,7 @@ class Worker:
             gevent.sleep(interval_s)
             try:
                 fn()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 self.log.error(f"{fn.__name__}_failed", error=_one_line(exc))
 
     # -- crawls and leases -------------------------------------------------------
@@ -330,7 +331,7 @@ class Worker:
         except LeaseLost:
             c.log.warning("lease_lost", action="stopped claiming")
             return
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             c.idle = min(max(c.idle * 2, 0.2), 5.0)
             c.next_claim = now + c.idle
             c.log.error("claim_failed", error=_one_line(exc), retry_in_s=round(c.idle, 2))
@@ -375,7 +376,7 @@ class Worker:
             for c in list(self.crawls.values()):
                 try:
                     c.extend_claims()
-                except redis.RedisError as exc:
+                except REDIS_ERRORS as exc:
                     c.log.error("heartbeat_failed", error=_one_line(exc))
 
 
