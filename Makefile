@@ -37,12 +37,17 @@ $(STAMP): requirements.txt requirements-dev.txt setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
+# test files run on JOBS processes (pytest-xdist, one file per process at a
+# time); JOBS=1 runs them in order in one process
+JOBS ?= 2
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
 test: sysdeps venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # the fast set, for work in progress (CI runs everything)
 test-fast: sysdeps venv
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 demo: sysdeps venv
 	$(PY) tools/demo.py

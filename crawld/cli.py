@@ -344,6 +344,25 @@ def cmd_crawl_state(args) -> int:
     return exitcodes.OK
 
 
+def cmd_rebalance(args) -> int:
+    """crawlctl rebalance --crawl-id ID --num-shards N"""
+    from .rebalance import RebalanceError, rebalance
+
+    client = _client(args)
+    load_crawl(client, args.crawl_id)
+    try:
+        r = rebalance(client, args.crawl_id, args.num_shards, wait_s=args.wait,
+                      log=lambda line: print(f"crawl {args.crawl_id}: {line}", flush=True))
+    except RebalanceError as exc:
+        raise CliError(str(exc), exitcodes.FAILED) from None
+    if r["noop"]:
+        print(f"crawl {r['crawl_id']}: already on {r['to']} shard(s)")
+    else:
+        print(f"crawl {r['crawl_id']}: rebalanced from {r['from']} to {r['to']} shards: moved {r['moved']} "
+              f"queued URL(s); workers serve it again within a few seconds")
+    return exitcodes.OK
+
+
 def cmd_purge(args) -> int:
     """crawlctl purge --crawl-id ID [--force]"""
     from . import keys, status
@@ -656,6 +675,20 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("--crawl-id", type=crawl_id_arg, required=True)
         cp.add_argument("--redis-url")
         cp.set_defaults(func=cmd_crawl_state)
+
+    rb = sub.add_parser("rebalance", help="change the shard count of a live crawl",
+                        description="Change a crawl's num_shards while its workers run: the crawl is held "
+                                    "(state 'rebalancing') until its workers hold nothing and give its "
+                                    "leases up, then the queued URLs, host state and visited fingerprints "
+                                    "of the domains whose shard changed are moved, the new count stored and "
+                                    "the crawl resumed. An interrupted rebalance resumes when run again. "
+                                    "Exit 1 when the workers do not let go within --wait.")
+    rb.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    rb.add_argument("--num-shards", type=int_range(1, 4096), required=True, metavar="N")
+    rb.add_argument("--wait", type=positive_float, default=120.0, metavar="S",
+                    help="seconds to wait for the workers to let the crawl go (default 120)")
+    rb.add_argument("--redis-url")
+    rb.set_defaults(func=cmd_rebalance)
 
     pg = sub.add_parser("purge", help="delete every Redis key of a finished or cancelled crawl",
                         description="Delete every Redis key of a crawl (SCAN by its prefix and UNLINK in "

@@ -30,7 +30,7 @@ from . import keys, logs, metrics
 from .config import CrawlConfig
 from .extract import HTML_TYPES, parse_content_type, parse_html
 from .fetcher import FetchResult, fetch, make_session
-from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem
+from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem, StaleConfig
 from .links import LinkPlanner, Push, origin_of, robots_directives
 from .netpolicy import AddressPolicy
 from .outcomes import host_report, retry_url
@@ -67,8 +67,14 @@ class CrawlShard:
 
     def __init__(self, client: redis.Redis, config: CrawlConfig, shard: int, *, concurrency: int,
                  proxy: str | None, lease_token: str, sync: Callable[[int], None],
-                 wake: Callable[[], None], commit_batch: int = 256, log=None, shipper=None, spool=None):
+                 wake: Callable[[], None], commit_batch: int = 256, log=None, shipper=None, spool=None,
+                 epoch: int | None = None):
         self.client = client
+        #: the crawl's rebalance generation ``config`` was read at (None: no
+        #: check); once a rebalance moves the shard, the lease is refused and
+        #: ``stale`` turns True: the worker drops this and reloads the crawl
+        self.epoch = epoch
+        self.stale = False
         self.config = config
         self.crawl_id = config.crawl_id
         self.shard = shard
@@ -150,18 +156,22 @@ class CrawlShard:
         return self.leased and self.state == "active"
 
     def set_state(self, state: str) -> bool:
-        """Follow the crawl's state (``active``, ``paused``, ``cancelled``);
+        """Follow the crawl's state (``active``, ``paused``, ``cancelled``,
+        ``rebalancing``: claim nothing, like paused);
         logs a change.  Returns whether it changed."""
         if state not in keys.STATES:
             state = "active"
         if state == self.state or self.state == "cancelled":
             return False
         self.state = state
-        self.m["CRAWL_PAUSED"].set(1 if state == "paused" else 0)
-        event = {"active": "crawl_resumed", "paused": "crawl_paused", "cancelled": "crawl_cancelled"}[state]
+        self.m["CRAWL_PAUSED"].set(1 if state in ("paused", "rebalancing") else 0)
+        event = {"active": "crawl_resumed", "paused": "crawl_paused", "cancelled": "crawl_cancelled",
+                 "rebalancing": "crawl_rebalancing"}[state]
         self.log.info(event, in_flight=len(self.held),
                       action={"active": "claiming again", "paused": "claiming nothing, finishing what is held",
-                              "cancelled": "stopped claiming for good, finishing what is held"}[state])
+                              "cancelled": "stopped claiming for good, finishing what is held",
+                              "rebalancing": "claiming nothing, finishing what is held, then giving the "
+                                             "lease up until the rebalance is over"}[state])
         return True
 
     def quiet(self) -> bool:
@@ -251,7 +261,12 @@ class CrawlShard:
     def renew_lease(self, ttl_s: float) -> bool:
         """Take or renew this shard's lease; logs changes.  Returns whether
         this worker serves the shard now."""
-        ok = self.frontier.lease(self.shard, self.lease_token, ttl_s)
+        try:
+            ok = self.frontier.lease(self.shard, self.lease_token, ttl_s, self.epoch)
+        except StaleConfig:
+            if not self.stale:
+                self.log.info("crawl_rebalanced", epoch=self.epoch, action="reloading the crawl")
+            self.stale, ok = True, False
         if ok != self.leased or not self._lease_known:
             self._lease_known = True
             if ok:

@@ -186,6 +186,11 @@ class LeaseLost(RuntimeError):
     """A claim was refused: another worker holds the shard's lease."""
 
 
+class StaleConfig(RuntimeError):
+    """A lease was refused: the shard was moved by a rebalance newer than
+    the caller's config (crawld.rebalance)."""
+
+
 class Frontier:
     """The frontier of one crawl over a Redis client.
 
@@ -306,10 +311,19 @@ class Frontier:
         force, in seconds."""
         return int(self._run("rate", shard, [pkey, int(interval_s * 1e6)])) / 1e6
 
-    def lease(self, shard: int, token: str, ttl_s: float) -> bool:
+    def lease(self, shard: int, token: str, ttl_s: float, epoch: int | None = None) -> bool:
         """Take or renew the lease of ``shard`` for ``token`` (time to live
-        ``ttl_s``); False when another token holds it."""
-        return bool(self._run("lease", shard, [token, int(ttl_s * 1000)]))
+        ``ttl_s``); False when another token holds it.
+
+        Raises:
+            StaleConfig: ``epoch`` (the crawl's rebalance generation the
+                caller's config is from) is older than the shard's.
+        """
+        r = int(self._run("lease", shard, [token, int(ttl_s * 1000), "" if epoch is None else int(epoch)]))
+        if r == -1:
+            raise StaleConfig(f"shard {shard} of crawl {self.config.crawl_id} was rebalanced after "
+                              f"generation {epoch}: reload the crawl")
+        return r == 1
 
     def release(self, shard: int, token: str) -> bool:
         """Give the lease of ``shard`` up if ``token`` holds it."""

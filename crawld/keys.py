@@ -130,20 +130,39 @@ def crawl_control(crawl_id: str) -> str:
 
 def crawl_state(crawl_id: str) -> str:
     """String key holding the operator's state of a crawl: ``active``
-    (also when the key is absent), ``paused`` or ``cancelled``
-    (``crawlctl pause|resume|cancel``).  Workers read it every second or
+    (also when the key is absent), ``paused``, ``cancelled``
+    (``crawlctl pause|resume|cancel``) or ``rebalancing`` (``crawlctl
+    rebalance``, see crawld.rebalance).  Workers read it every second or
     so: they claim nothing for a paused crawl, and stop serving a cancelled
-    one once what they hold is committed.  Cancelled is final."""
+    or rebalancing one once what they hold is committed (giving its leases
+    up; a rebalancing crawl is served again, with its new config, once it
+    is active again).  Cancelled is final."""
     return f"{PREFIX}:{{{crawl_id}}}:state"
 
 
 #: the values of :func:`crawl_state` (absent means ``active``).
-STATES = ("active", "paused", "cancelled")
+STATES = ("active", "paused", "cancelled", "rebalancing")
 
 
 def crawl_patterns(crawl_id: str) -> tuple[str, str]:
     """SCAN match patterns that together cover every key of a crawl."""
     return (f"{PREFIX}:{{{crawl_id}}}:*", f"{PREFIX}:{{{crawl_id}:*")
+
+
+def crawl_epoch(crawl_id: str) -> str:
+    """String counter: the crawl's rebalance generation (absent = 0),
+    incremented by each ``crawlctl rebalance`` after it stores the new
+    config.  Every shard records the generation it was last moved in
+    (``stats`` field ``rebalance_epoch``), and the lease script refuses a
+    worker whose view of the crawl is older (crawld.rebalance)."""
+    return f"{PREFIX}:{{{crawl_id}}}:epoch"
+
+
+def crawl_rebalance(crawl_id: str) -> str:
+    """Hash: progress of a ``crawlctl rebalance`` under way (``from``,
+    ``to``, ``token``, ``prev_state``, ``phase`` and per-source-shard
+    ``done:<shard>``), deleted when it completes; a re-run resumes it."""
+    return f"{PREFIX}:{{{crawl_id}}}:rebalance"
 
 
 #: set of the ids of crawls that have a config in this Redis.

@@ -36,7 +36,10 @@ def setup(level: str | None = None, **context) -> structlog.stdlib.BoundLogger:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # one write() per line: processes sharing the journald stream (or a
+        # log file) never interleave inside a line (print() writes the line
+        # and its newline apart)
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
     return structlog.get_logger().bind(**context)

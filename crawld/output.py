@@ -22,6 +22,7 @@ fetched again after the visibility timeout).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -76,6 +77,9 @@ def list_parts(output: str | os.PathLike, crawl_id: str) -> list[Path]:
     return sorted(found, key=rank)
 
 
+_PART_SEQ = itertools.count(1)
+
+
 class PartWriter:
     """Appends rows to the current part of one shard.
 
@@ -112,7 +116,9 @@ class PartWriter:
         self.rows_written = 0
 
     def _open(self) -> None:
-        self._seq += 1
+        # unique in the process, not only in this writer: a crawl served
+        # again after a rebalance gets new writers for the same shard
+        self._seq = next(_PART_SEQ)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         name = f"{self.kind}-{stamp}-{socket.gethostname()}-{os.getpid()}-{self._seq:05d}{OPEN_SUFFIX}"
         self._path = self.dir / name

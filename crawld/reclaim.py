@@ -80,11 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         interval = args.interval or 5.0
         try:
             for cid in served_crawls(client, args.crawl_id):
+                # read every pass: crawlctl rebalance changes num_shards
+                raw = client.get(keys.crawl_config(cid))
+                if raw is None:
+                    continue
                 f = frontiers.get(cid)
-                if f is None:
-                    raw = client.get(keys.crawl_config(cid))
-                    if raw is None:
-                        continue
+                if f is None or f.config.num_shards != CrawlConfig.from_json(raw).num_shards:
                     f = frontiers[cid] = Frontier(client, CrawlConfig.from_json(raw))
                 if args.interval is None:
                     interval = min(interval, max(f.config.visibility_timeout_s / 4.0, 0.1))

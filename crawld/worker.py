@@ -192,9 +192,11 @@ class Worker:
         for cid in ids:
             if cid in self.crawls or cid in self._retiring:
                 continue
-            raw, state = self.client.pipeline(transaction=False).get(keys.crawl_config(cid)).get(
-                keys.crawl_state(cid)).execute()
-            if raw is None or state == b"cancelled":
+            # the epoch first: a rebalance stores the config before it
+            # increments the epoch, so the config read is at least as new
+            epoch, raw, state = self.client.pipeline(transaction=False).get(keys.crawl_epoch(cid)).get(
+                keys.crawl_config(cid)).get(keys.crawl_state(cid)).execute()
+            if raw is None or state in (b"cancelled", b"rebalancing"):
                 continue
             try:
                 config = CrawlConfig.from_json(raw)
@@ -206,7 +208,8 @@ class Worker:
             self.crawls[cid] = CrawlShard(self.client, config, self.shard, concurrency=self.concurrency,
                                           proxy=self.proxy, lease_token=self.lease_token, sync=self._sync,
                                           wake=self._wake.set, commit_batch=self.commit_batch,
-                                          log=self.log.bind(crawl_id=cid), shipper=self.shipper)
+                                          log=self.log.bind(crawl_id=cid), shipper=self.shipper,
+                                          epoch=int(epoch or 0))
             if state:
                 self.crawls[cid].set_state(state.decode())
             if self._memory:
@@ -241,20 +244,27 @@ class Worker:
         """Follow ``crawlctl pause|resume|cancel|purge`` through each served
         crawl's :func:`crawld.keys.crawl_state` (one pipelined read): a
         paused crawl is not claimed from; a cancelled one (or one whose
-        config is gone: purged) is finished off and no longer served."""
+        config is gone: purged) is finished off and no longer served; so is
+        a rebalancing one (``crawlctl rebalance``: its lease is given up
+        once nothing is held), or one whose lease was refused because a
+        rebalance moved the shard (``stale``): :meth:`discover` serves it
+        again with its new config once it is active."""
         served = [c for c in self.crawls.values() if c.crawl_id not in self._retiring]
         if not served:
             return
         pipe = self.client.pipeline(transaction=False)
         for c in served:
-            pipe.get(keys.crawl_state(c.crawl_id)).exists(keys.crawl_config(c.crawl_id))
+            pipe.get(keys.crawl_state(c.crawl_id)).exists(keys.crawl_config(c.crawl_id)).get(
+                keys.crawl_epoch(c.crawl_id))
         res = pipe.execute()
         for i, c in enumerate(served):
-            state, exists = res[2 * i], res[2 * i + 1]
+            state, exists, epoch = res[3 * i], res[3 * i + 1], res[3 * i + 2]
             state = "cancelled" if not exists else (state.decode() if state else "active")
+            if c.epoch is not None and int(epoch or 0) != c.epoch:
+                c.stale = True  # rebalanced meanwhile: serve it again with its new config
             if c.set_state(state) and state == "active":
                 self._wake.set()
-            if c.state == "cancelled":
+            if c.state in ("cancelled", "rebalancing") or c.stale:
                 self._retiring.add(c.crawl_id)
                 gevent.spawn(self._retire, c)
 
@@ -272,8 +282,9 @@ class Worker:
         del self.crawls[c.crawl_id]
         c.close()
         self._retiring.discard(c.crawl_id)
+        why = c.state if c.state != "active" else "rebalanced"
         c.log.info("crawl_retired", pages=c.pages, drain_s=round(time.monotonic() - t0, 3),
-                   action="no longer served (cancelled)")
+                   action=f"no longer served ({why})")
 
     def check_memory(self) -> None:
         """Read Redis ``INFO memory`` and let every served crawl turn its

@@ -1,0 +1,481 @@
+"""``crawlctl rebalance``: change the shard count of a live crawl.
+
+Protocol (each step can be re-run: progress is kept in
+:func:`crawld.keys.crawl_rebalance`, and a second ``crawlctl rebalance``
+with the same count resumes an interrupted one):
+
+1. The crawl's state (:func:`crawld.keys.crawl_state`) becomes
+   ``rebalancing``.  Workers treat it like ``paused`` (claim nothing), finish
+   and commit what they hold, then stop serving the crawl and give its
+   shard leases up (crawld.worker ``check_crawls``/``_retire``); they do not
+   serve it again (``discover``) until it is active again.
+2. The rebalancer waits until every shard of the old and new count has no
+   lease holder and an empty claimed set (timeout: the state is set back,
+   exit 1).  An empty claimed set after a worker's last commit means every
+   link its pages found is pushed (a commit pushes before it acks).  It then
+   takes every such shard's lease with its own token, renewing them while
+   it works: the claim script is fenced by the lease, so nothing can be
+   claimed during the move, even by a misbehaving worker.  It writes the
+   new rebalance generation into every shard (``stats`` field
+   ``rebalance_epoch``): from now on the lease script refuses any worker
+   whose config predates it (its lease call says which generation its
+   config is from), so a worker that read the old config can never claim
+   or push again with the old routing: it reloads the crawl first.
+3. For every old shard, the politeness keys are found from its queue
+   (ZSCAN), schedule and per-key hashes (HSCAN), the host-keyed hashes
+   (budget, variants: the host's politeness key) and the robots cache (the
+   origin's host); each key whose shard under the new count (with the
+   crawl's ``shard_overrides``) differs is moved: queue entries, schedule
+   score, ``gcra``/``rates``/``fails``/``parked`` fields, budget and
+   variants fields of its hosts, robots cache entries of its origins, and
+   the skip-list entries of its URLs (and, from a removed shard, its dead
+   letters; its counters are added to shard 0's).  ``inflight`` fields of
+   moved keys are dropped (nothing is claimed, so no slot is held).  Each
+   structure is copied to the target first, then deleted from the source,
+   so a crash leaves entries twice, never nowhere, and a re-run finishes
+   the job (list entries are only appended when absent from the target).
+   A moved key with queued entries but no schedule entry on its target is
+   scheduled (score 0: the claim script applies GCRA).
+
+   Visited state: fingerprints carry no domain, so the source shard's whole
+   ``seen`` and ``skipseen`` structures are copied into every shard that
+   may receive domains from it.  Jump hash is monotone, so growing from n
+   to m moves keys only to shards n..m-1, and shrinking only moves keys of
+   shards >= m: those are the targets (pinned keys never move).  Copying
+   more than the moved domains' fingerprints is harmless: a fingerprint is
+   of a full URL, and a URL whose domain did not move never reaches the
+   target shard.  It is exact for domains whose URLs left no other trace
+   (skipped-only hosts).  Memory cost: growing n -> m adds (m - n) copies of
+   every old shard's structures, i.e. (m - n) x the crawl's visited memory
+   (about 4 bytes per URL per copy for ``redis_set``; a Bloom bitmap per
+   copy); shrinking adds nothing beyond the removed shards' data, which is
+   folded in and deleted.  ``redis_set`` buckets are re-bucketed (a target
+   with fewer bucket bits gets ``bucket >> diff``; one with more gets every
+   candidate bucket, over-inclusive).  A Lua Bloom bitmap is copied to a
+   target without a filter, or OR-ed into one of the same size (more fill:
+   a higher false-positive rate, see crawld.dedup); a different size, or a
+   RedisBloom filter, is refused up front with a one-line error.
+4. The config (``num_shards``) is stored, then the crawl's generation
+   (:func:`crawld.keys.crawl_epoch`) incremented, removed shards' keys
+   deleted, the leases released and the state set back to what it was.
+   Workers serve the crawl again with the new config: a worker whose shard
+   is not below the new count no longer serves it; the reclaim process
+   re-reads the config on every pass.
+
+On a single Redis and on a Redis Cluster alike the move is copy-then-delete
+(source and target shards are different hash slots).  Not covered: seeding
+the crawl (``crawlctl seed``) while it is being rebalanced; ``crawlctl
+verify``'s ``visited_vs_rows`` compares per-shard counts, which a rebalance
+changes (copied fingerprints, rows recorded under the old shard).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import urlsplit
+
+import redis
+
+from . import keys
+from .config import ConfigError, CrawlConfig
+from .frontier import Frontier
+from .scope import Router
+from .sharding import politeness_key, shard_for
+
+SEP = b"\x1f"
+
+#: hashes keyed by politeness key that move with it (``inflight`` is dropped)
+PKEY_HASHES = ("gcra", "rates", "fails", "parked")
+
+#: sets a crawl's state unless it is cancelled; returns the state before
+_SET_STATE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == 'cancelled' then return cur end
+redis.call('SET', KEYS[1], ARGV[1])
+return cur or 'active'
+"""
+
+
+class RebalanceError(RuntimeError):
+    """A rebalance cannot be done (or was given up); one line."""
+
+
+# -- planning (pure) ---------------------------------------------------------
+def target_shards(src: int, old_n: int, new_n: int) -> list[int]:
+    """Shards that may receive politeness keys from ``src`` when a crawl
+    goes from ``old_n`` to ``new_n`` shards (jump hash is monotone: growing
+    moves keys only to the new shards; shrinking moves only the keys of
+    removed shards, to any remaining one)."""
+    if new_n > old_n:
+        return list(range(old_n, new_n))
+    if src >= new_n:
+        return list(range(new_n))
+    return []
+
+
+def plan(pkeys: Iterable[str], old_n: int, new_n: int,
+         overrides: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
+    """``pkey -> (old shard, new shard)`` for the keys that move."""
+    out = {}
+    for k in pkeys:
+        a, b = shard_for(k, old_n, overrides), shard_for(k, new_n, overrides)
+        if a != b:
+            out[k] = (a, b)
+    return out
+
+
+def host_pkey(field: bytes | str) -> str | None:
+    """Politeness key of a host-keyed field: ``host``, ``host[:port]/path``
+    (variants) or ``scheme://host:port`` (robots); None if no host."""
+    s = field.decode("utf-8", "replace") if isinstance(field, bytes) else field
+    if "://" not in s:
+        s = "//" + s
+    try:
+        host = urlsplit(s).hostname
+        return politeness_key(host) if host else None
+    except ValueError:
+        return None
+
+
+def _d(b: bytes | str) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+# -- the rebalancer ------------------------------------------------------------
+class Rebalancer:
+    """Moves crawl ``crawl_id`` to ``num_shards`` shards (see the module)."""
+
+    def __init__(self, client: redis.Redis, crawl_id: str, num_shards: int, *, wait_s: float = 120.0,
+                 lease_ttl_s: float = 30.0, log: Callable[[str], None] = lambda s: None):
+        self.client = client
+        self.cid = keys.check_crawl_id(crawl_id)
+        self.to = int(num_shards)
+        self.wait_s = wait_s
+        self.lease_ttl_s = lease_ttl_s
+        self.log = log
+        self.pkey_ = keys.crawl_rebalance(self.cid)
+        self.moved = 0
+        self._stop = threading.Event()
+
+    def _progress(self) -> dict[str, str]:
+        return {_d(k): _d(v) for k, v in self.client.hgetall(self.pkey_).items()}
+
+    def run(self) -> dict[str, Any]:
+        raw = self.client.get(keys.crawl_config(self.cid))
+        if raw is None:
+            raise ConfigError(f"crawl_id: no crawl {self.cid!r} in this Redis")
+        config = CrawlConfig.from_json(raw)
+        prog = self._progress()
+        if prog:
+            if int(prog["to"]) != self.to:
+                raise RebalanceError(f"crawl {self.cid}: a rebalance to {prog['to']} shards is under way; "
+                                     f"run 'crawlctl rebalance --crawl-id {self.cid} --num-shards {prog['to']}'")
+            old = int(prog["from"])
+        else:
+            old = config.num_shards
+            if old == self.to:
+                return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": 0, "noop": True}
+        new_config = config.replace(num_shards=self.to)  # ConfigError: overrides beyond the count...
+        self.old, self.new_config = old, new_config
+        self.config = config.replace(num_shards=old)
+        self.all = max(old, self.to)
+        self.fr = Frontier(self.client, config.replace(num_shards=self.all))
+        if not prog:
+            self._check_dedup()
+            state = _d(self.client.get(keys.crawl_state(self.cid)) or b"active")
+            if state in ("cancelled", "rebalancing"):
+                raise RebalanceError(f"crawl {self.cid} is {state}; it cannot be rebalanced")
+            epoch = int(self.client.get(keys.crawl_epoch(self.cid)) or 0) + 1
+            if not self.client.hsetnx(self.pkey_, "to", self.to):
+                raise RebalanceError(f"crawl {self.cid}: another rebalance started meanwhile")
+            self.client.hset(self.pkey_, mapping={"from": old, "token": f"rebalance:{uuid.uuid4().hex[:12]}",
+                                                  "prev_state": state, "epoch": epoch, "phase": "waiting"})
+            prog = self._progress()
+        self.token, self.epoch = prog["token"], int(prog["epoch"])
+        before = _d(self.client.eval(_SET_STATE, 1, keys.crawl_state(self.cid), "rebalancing"))
+        if before == "cancelled":
+            self.client.delete(self.pkey_)
+            raise RebalanceError(f"crawl {self.cid} is cancelled; it cannot be rebalanced")
+        try:
+            self._take_shards(prog.get("phase") == "waiting")
+        except RebalanceError:
+            if prog.get("phase") == "waiting":  # nothing moved yet: undo
+                self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
+                self.client.delete(self.pkey_)
+            raise
+        renewer = threading.Thread(target=self._renew, daemon=True)
+        renewer.start()
+        try:
+            self.client.hset(self.pkey_, "phase", "moving")
+            for s in range(self.all):
+                self.client.hset(keys.shard_keys(self.cid, s).stats, "rebalance_epoch", self.epoch)
+            for src in range(old):
+                if not self.client.hget(self.pkey_, f"done:{src}"):
+                    self._move_shard(src)
+                    self.client.hset(self.pkey_, f"done:{src}", 1)
+            # the new config, then the generation (workers read them in the
+            # other order), then the removed shards' keys go
+            self.client.set(keys.crawl_config(self.cid), new_config.to_json())
+            self.client.set(keys.crawl_epoch(self.cid), self.epoch)
+            self.client.hset(self.pkey_, "phase", "finishing")
+            for s in range(self.to, old):
+                self._delete_shard(s)
+        finally:
+            self._stop.set()
+            renewer.join()
+        for s in range(self.to):
+            self.fr.release(s, self.token)
+        self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
+        self.client.delete(self.pkey_)
+        return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": self.moved, "noop": False}
+
+    # -- steps -----------------------------------------------------------------
+    def _check_dedup(self) -> None:
+        from . import dedup
+
+        if self.config.dedup != "redis_bloom":
+            return
+        for st in dedup.STRUCTURES:
+            ls = [i for s in range(self.all) if (i := dedup.info(self.client, self.cid, s, st))]
+            if any(i["backend"] == "bf" for i in ls):
+                raise RebalanceError(f"crawl {self.cid}: RedisBloom filters cannot be merged; a redis_bloom "
+                                     "crawl on RedisBloom cannot be rebalanced")
+            if len({(i["m"], i["k"]) for i in ls}) > 1:
+                raise RebalanceError(f"crawl {self.cid}: its shards' Bloom filters differ in size; they "
+                                     "cannot be merged")
+
+    def _busy(self) -> list[int]:
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(self.all):
+            k = keys.shard_keys(self.cid, s)
+            pipe.get(k.lease).zcard(k.claimed)
+        r = pipe.execute()
+        return [s for s in range(self.all)
+                if (r[2 * s] is not None and _d(r[2 * s]) != self.token) or r[2 * s + 1]]
+
+    def _take_shards(self, fresh: bool) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            busy = self._busy()
+            if not busy:
+                taken = [s for s in range(self.all) if self.fr.lease(s, self.token, self.lease_ttl_s)]
+                if len(taken) == self.all and not self._busy():
+                    return
+                for s in taken:
+                    self.fr.release(s, self.token)
+            if time.monotonic() >= deadline:
+                raise RebalanceError(
+                    f"crawl {self.cid}: shards still leased or claimed after {self.wait_s:g}s: "
+                    f"{', '.join(map(str, busy)) or 'lease race'}; state set back, nothing moved"
+                    if fresh else f"crawl {self.cid}: shards still busy after {self.wait_s:g}s: "
+                                  f"{', '.join(map(str, busy))}; re-run to resume the rebalance")
+            time.sleep(0.2)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_ttl_s / 3.0):
+            for s in range(self.all):
+                try:
+                    self.fr.lease(s, self.token, self.lease_ttl_s)
+                except redis.RedisError:
+                    pass
+
+    def _target(self, pkey: str) -> int:
+        return shard_for(pkey, self.to, self.new_config.shard_override_map)
+
+    def _move_shard(self, src: int) -> None:
+        c = self.client
+        sk = keys.shard_keys(self.cid, src)
+        dst_keys = {d: keys.shard_keys(self.cid, d) for d in range(self.to)}
+        # 0. visited state first: what the targets must know before any of
+        #    the source's domains is served there
+        for dst in target_shards(src, self.old, self.to):
+            for st in ("seen", "skipseen"):
+                flag = f"dedup:{src}:{dst}:{st}"
+                if not c.hget(self.pkey_, flag):
+                    self._copy_dedup(getattr(sk, st), getattr(dst_keys[dst], st))
+                    c.hset(self.pkey_, flag, 1)
+        moved: dict[str, int] = {}
+
+        def dest(pkey: str) -> int | None:
+            if pkey not in moved:
+                d = self._target(pkey)
+                moved[pkey] = d
+            d = moved[pkey]
+            return d if d != src else None
+
+        # 1. per-key hashes and the host-keyed ones
+        for name, keyfn in [*((h, _d) for h in PKEY_HASHES), ("budget", host_pkey), ("variants", host_pkey),
+                            ("robots", host_pkey)]:
+            by_dst: dict[int, dict[bytes, bytes]] = defaultdict(dict)
+            for f, v in c.hscan_iter(getattr(sk, name), count=1000):
+                pk = keyfn(f)
+                d = dest(pk) if pk else None
+                if d is not None:
+                    by_dst[d][f] = v
+            for d, fields in by_dst.items():
+                c.hset(getattr(dst_keys[d], name), mapping=fields)
+                c.hdel(getattr(sk, name), *fields)
+        # 2. schedule
+        by_dst_z: dict[int, dict[bytes, float]] = defaultdict(dict)
+        for m, score in c.zscan_iter(sk.sched, count=1000):
+            d = dest(_d(m))
+            if d is not None:
+                by_dst_z[d][m] = score
+        for d, ms in by_dst_z.items():
+            c.zadd(dst_keys[d].sched, ms)
+            c.zrem(sk.sched, *ms)
+        # 3. queue entries
+        by_dst_q: dict[int, list[bytes]] = defaultdict(list)
+        qkeys: dict[int, set[str]] = defaultdict(set)
+        for m, _ in c.zscan_iter(sk.queue, count=1000):
+            pk = _d(m.split(SEP, 1)[0])
+            d = dest(pk)
+            if d is not None:
+                by_dst_q[d].append(m)
+                qkeys[d].add(pk)
+        for d, ms in by_dst_q.items():
+            for i in range(0, len(ms), 1000):
+                c.zadd(dst_keys[d].queue, {m: 0 for m in ms[i:i + 1000]})
+            for i in range(0, len(ms), 1000):
+                c.zrem(sk.queue, *ms[i:i + 1000])
+            c.hincrby(dst_keys[d].stats, "moved_in", len(ms))
+            c.hincrby(sk.stats, "moved_out", len(ms))
+            self.moved += len(ms)
+            # a moved key with entries must be on its target's schedule
+            pipe = c.pipeline(transaction=False)
+            for pk in sorted(qkeys[d]):
+                pipe.zadd(dst_keys[d].sched, {pk: 0}, nx=True)
+            pipe.execute()
+        gone = [pk for pk, d in moved.items() if d != src]
+        for i in range(0, len(gone), 1000):
+            c.hdel(sk.inflight, *gone[i:i + 1000])
+        # 4. URLs to record without a fetch; a removed shard's dead letters
+        router = Router(self.new_config)
+
+        def skip_dest(entry: bytes) -> int | None:
+            try:
+                payload = entry.split(SEP, 2)[2]
+                return dest(router.route(json.loads(payload)["c"]).pkey)
+            except (IndexError, ValueError, KeyError, TypeError):
+                return 0 if src >= self.to else None
+
+        self._move_list(sk.skips, {d: k.skips for d, k in dst_keys.items()}, skip_dest)
+        if src >= self.to:
+            def dead_dest(entry: bytes) -> int:
+                try:
+                    pk = json.loads(entry).get("pkey") or ""
+                except ValueError:
+                    pk = ""
+                return self._target(pk) if pk else 0
+
+            self._move_list(sk.dead, {d: k.dead for d, k in dst_keys.items()}, dead_dest)
+            if not c.hget(self.pkey_, f"stats:{src}"):
+                stats = {k: v for k, v in c.hgetall(sk.stats).items() if k != b"rebalance_epoch"}
+                pipe = c.pipeline(transaction=False)
+                for k, v in stats.items():
+                    try:
+                        pipe.hincrby(dst_keys[0].stats, k, int(v))
+                    except ValueError:
+                        pass
+                pipe.execute()
+                c.hset(self.pkey_, f"stats:{src}", 1)
+        self.log(f"shard {src}: moved {sum(len(v) for v in by_dst_q.values())} queued URL(s) of "
+                 f"{len(gone)} domain(s)")
+
+    def _move_list(self, src_key: str, dst_keys: dict[int, str], dest_of) -> None:
+        c = self.client
+        entries = c.lrange(src_key, 0, -1)
+        by_dst: dict[int, list[bytes]] = defaultdict(list)
+        for e in entries:
+            d = dest_of(e)
+            if d is not None:
+                by_dst[d].append(e)
+        for d, es in by_dst.items():
+            present = set(c.lrange(dst_keys[d], 0, -1))
+            new = [e for e in es if e not in present]
+            if new:
+                c.rpush(dst_keys[d], *new)
+            for e in es:
+                c.lrem(src_key, 1, e)
+
+    def _copy_dedup(self, src: str, dst: str) -> None:
+        """Add every fingerprint of structure ``src`` to ``dst`` (see the
+        module: re-bucketed sets, copied or OR-ed Bloom bitmaps)."""
+        c = self.client
+        stype = _d(c.type(src))
+        if stype == "none":
+            return
+        if stype == "set":  # a crawl from before the dedup backends: plain sets
+            batch = []
+            for m in c.sscan_iter(src, count=1000):
+                batch.append(m)
+                if len(batch) >= 1000:
+                    c.sadd(dst, *batch)
+                    batch = []
+            if batch:
+                c.sadd(dst, *batch)
+            return
+        meta = {_d(k): _d(v) for k, v in c.hgetall(src).items()}
+        dmeta = {_d(k): _d(v) for k, v in c.hgetall(dst).items()}
+        b = meta.get("b")
+        if b == "set":
+            bs = int(meta["bits"])
+            if not dmeta:
+                c.hset(dst, mapping={"b": "set", "bits": bs, "n": 0})
+                bd = bs
+            else:
+                bd = int(dmeta["bits"])
+            added = 0
+            for bucket in range(1 << bs):
+                members = list(c.sscan_iter(f"{src}:{bucket}", count=1000))
+                if not members:
+                    continue
+                if bd <= bs:
+                    targets = [bucket >> (bs - bd)]
+                else:
+                    targets = [(bucket << (bd - bs)) | j for j in range(1 << (bd - bs))]
+                for t in targets:
+                    for i in range(0, len(members), 1000):
+                        added += c.sadd(f"{dst}:{t}", *members[i:i + 1000])
+            if added:
+                c.hincrby(dst, "n", added)
+        elif b == "lua":
+            m = int(meta["m"])
+            nbytes = (m + 7) // 8
+            if not dmeta:
+                c.hset(dst, mapping={k: v for k, v in meta.items()})
+                c.setrange(f"{dst}:bits", nbytes - 1, b"\0")
+            elif (dmeta.get("m"), dmeta.get("k")) != (meta.get("m"), meta.get("k")):
+                raise RebalanceError(f"Bloom filters {src} and {dst} differ in size; they cannot be merged")
+            else:
+                c.hincrby(dst, "n", int(meta.get("n", 0)))
+            chunk = 1 << 20
+            for off in range(0, nbytes, chunk):
+                a = c.getrange(f"{src}:bits", off, off + chunk - 1)
+                if not a.strip(b"\0"):
+                    continue
+                old = c.getrange(f"{dst}:bits", off, off + len(a) - 1)
+                merged = (int.from_bytes(a, "big") | int.from_bytes(old.ljust(len(a), b"\0"), "big"))
+                c.setrange(f"{dst}:bits", off, merged.to_bytes(len(a), "big"))
+        else:
+            raise RebalanceError(f"dedup structure {src} ({b}) cannot be copied")
+
+    def _delete_shard(self, s: int) -> None:
+        pattern = keys.shard_tag(self.cid, s)  # braces are literal in a SCAN pattern
+        found = [k for k in self.client.scan_iter(match=f"{keys.PREFIX}:{pattern}:*", count=1000)]
+        for i in range(0, len(found), 500):
+            self.client.unlink(*found[i:i + 500])
+
+
+def rebalance(client: redis.Redis, crawl_id: str, num_shards: int, **kw: Any) -> dict[str, Any]:
+    """Run :class:`Rebalancer`; returns ``{crawl_id, from, to, moved, noop}``.
+
+    Raises:
+        RebalanceError, ConfigError, redis.RedisError.
+    """
+    return Rebalancer(client, crawl_id, num_shards, **kw).run()

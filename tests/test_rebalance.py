@@ -1,0 +1,126 @@
+"""``crawlctl rebalance``: changing the shard count of a live crawl, against a
+real redis-server, a real crawld daemon and the real HTTP site server; plus
+the pure planning (which politeness keys move where)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis as redis_mod
+
+from conftest import crawlctl
+from crawld import keys
+from crawld.crawls import load_crawl
+from crawld.ratecheck import rate_violations
+from crawld.rebalance import host_pkey, plan, target_shards
+from crawld.sharding import politeness_key, shard_for, shard_of
+from crawld.sitesrv import SiteServer, SyntheticSite
+from test_crawl_control import wait_for
+from test_daemon import artifact_rows, seed, start_daemon, stop, wait_finished
+
+
+# -- planning ---------------------------------------------------------------
+def test_plan_growing_moves_keys_only_to_the_new_shards():
+    domains = [f"site{i}.example" for i in range(2000)]
+    moves = plan(domains, 2, 4)
+    assert moves and all(a in (0, 1) and b in (2, 3) for a, b in moves.values())
+    assert all(shard_of(d, 4) == (moves[d][1] if d in moves else shard_of(d, 2)) for d in domains)
+    assert 0.35 < len(moves) / len(domains) < 0.65  # ~ (4 - 2) / 4
+    for src in (0, 1):
+        assert target_shards(src, 2, 4) == [2, 3]
+
+
+def test_plan_shrinking_moves_only_the_removed_shards_keys():
+    domains = [f"site{i}.example" for i in range(2000)]
+    moves = plan(domains, 4, 2)
+    assert {d for d in domains if shard_of(d, 4) >= 2} == set(moves)
+    assert all(b in (0, 1) for _, b in moves.values())
+    assert target_shards(0, 4, 2) == [] and target_shards(3, 4, 2) == [0, 1]
+
+
+def test_plan_honours_overrides_and_host_fields():
+    d = next(f"site{i}.example" for i in range(100) if shard_of(f"site{i}.example", 4) == 3)
+    assert plan([d], 2, 4) == {d: (shard_of(d, 2), 3)}
+    assert plan([d], 2, 4, {d: 1}) == {} and shard_for(d, 4, {d: 1}) == 1  # pinned keys never move
+    assert plan([d], 4, 2, {d: 0}) == {}
+    assert host_pkey("www.a.example.co.uk") == "example.co.uk"
+    assert host_pkey("www.a.org:8080/path") == "a.org"  # variants: host[:port]/path
+    assert host_pkey("http://docs.python.org:80") == "python.org"  # robots: origin
+    assert host_pkey("") is None
+
+
+# -- live crawl ----------------------------------------------------------------
+def pick_hosts(old: int, new: int, n: int) -> list[str]:
+    """Hosts of distinct domains, so that some move to every new shard
+    (growing) or from every removed shard (shrinking)."""
+    hosts, want = [], set(range(min(old, new), max(old, new)))
+    for i in range(1000):
+        h = f"www.rb{i}-site.com"
+        pk = politeness_key(h)
+        if shard_of(pk, max(old, new)) in want:
+            hosts.append(h)
+            want.discard(shard_of(pk, max(old, new)))
+        if not want:
+            break
+    i = 0
+    while len(hosts) < n:
+        h = f"www.rbx{i}-site.org"
+        if h not in hosts:
+            hosts.append(h)
+        i += 1
+    return hosts
+
+
+@pytest.mark.parametrize("old,new", [(2, 4), (4, 2)])
+def test_rebalance_a_live_crawl(tmp_path, own_redis, old, new):
+    client = redis_mod.Redis.from_url(own_redis.url)
+    hosts = pick_hosts(old, new, 8)
+    site = SyntheticSite(pages=40)
+    rps = 10.0
+    cid = f"rb-{old}-{new}"
+    with SiteServer(("127.0.0.1", 0), synthetic={h: site for h in hosts}, delay_s=0.02) as srv:
+        seed(own_redis.url, cid, tmp_path / "out", [f"http://{h}/" for h in hosts], "--shards", str(old),
+             "--max-rps-per-host", str(rps))
+        d = start_daemon(own_redis.url, "0-3", tmp_path / "log", CRAWLD_PROXY=srv.url)
+        try:
+            wait_for(lambda: sum(srv.counts().values()) > 40, what="crawl under way")
+            t0 = time.monotonic()
+            r = crawlctl("rebalance", "--crawl-id", cid, "--num-shards", str(new), "--redis-url", own_redis.url)
+            took, t_done = time.monotonic() - t0, time.time()
+            assert r.returncode == 0, r.stderr
+            assert f"rebalanced from {old} to {new} shards" in r.stdout
+            cfg = load_crawl(client, cid)
+            assert cfg.num_shards == new
+            assert (client.get(keys.crawl_state(cid)) or b"active") == b"active"
+            assert not client.exists(keys.crawl_rebalance(cid))
+            assert sum(srv.counts().values()) < len(hosts) * len(site.paths()), "crawl finished too early"
+            wait_finished(client, cfg, timeout=60)
+            leftovers = [k for s in range(new, old) for k in client.scan_iter(match=f"crawld:{{{cid}:{s}}}:*")]
+            assert leftovers == []
+        finally:
+            assert stop(d) == 0
+        hits = srv.hits()
+    print(f"\nrebalance {old} -> {new}: {took:.2f} s")
+    counts = srv.counts()
+    assert max(counts.values()) == 1, "a URL was fetched twice"
+    expected = {(h, p) for h in hosts for p in site.paths()}
+    assert {k for k in counts if k[1] != "/robots.txt"} == expected
+    by_domain: dict[str, list[float]] = {}
+    for h in hits:
+        by_domain.setdefault(politeness_key(h.host), []).append(h.t)
+    assert rate_violations(by_domain, rps) == {}
+    rows = artifact_rows(own_redis.url, cid)
+    urls = [r["url"] for r in rows]
+    assert sorted(urls) == sorted(f"http://{h}{p}" for h, p in expected)
+    served = {r["shard"] for r in rows}
+    if new > old:
+        assert {2, 3} <= served, f"the new shards served nothing: {served}"
+    else:
+        assert {2, 3} <= served  # before the rebalance
+        after = {r["shard"] for r in rows if _ts(r["fetched_at"]) > t_done + 0.5}
+        assert after and after <= {0, 1}, f"shards >= 2 served after the shrink: {after}"
+
+
+def _ts(v) -> float:
+    return v.timestamp() if hasattr(v, "timestamp") else float(v)
