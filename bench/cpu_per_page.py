@@ -84,7 +84,7 @@ def run_crawld(proxy: str, shards: int, concurrency: int, tmp: Path, rnd: int) -
         raise SystemExit(f"crawlctl run failed:\n{out.stderr[-3000:]}")
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     rcpu = sum(redis_cpu1[k] - redis_cpu0[k] for k in ("used_cpu_user", "used_cpu_sys"))
-    return {"pages": summary["rows"], "cpu_s": cpu, "wall_s": wall, "redis_cpu_s": rcpu}
+    return {"pages": summary["pages"], "cpu_s": cpu, "wall_s": wall, "redis_cpu_s": rcpu}
 
 
 def main() -> int:
