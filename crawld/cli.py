@@ -92,6 +92,9 @@ def _crawl_settings(args) -> dict:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise CliError(f"--set {item!r}: expected NAME=VALUE (see 'crawlctl settings')", exitcodes.USAGE)
+        if name.strip() in ("crawl_id", "seeds"):
+            how = "--crawl-id" if name.strip() == "crawl_id" else "SEED_URL arguments"
+            raise CliError(f"--set {name.strip()}: give it as {how}", exitcodes.USAGE)
         d[name.strip()] = value
     return d
 

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="run the start-up checks, print the result, exit")
     args = p.parse_args(argv)
     try:
+        if args.config and not os.path.exists(args.config):
+            raise ConfigError(f"--config {args.config}: no such file")
         machine = settings.load(path=args.config)
     except ConfigError as exc:
         print(f"crawld: error: {exc}", file=sys.stderr)

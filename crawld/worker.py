@@ -104,6 +104,7 @@ class Worker:
         self._commit_wake = gevent.event.Event()
         self._committing_done = False
         self.draining = False  # crawlctl drain: hold no claims, no leases
+        self._unservable: dict[str, float] = {}  # crawl id -> when its failure was last logged
         self._retiring: set[str] = set()  # cancelled crawls being finished off
         self._memory: tuple[int, int] | None = None  # last (used_memory, maxmemory)
         hub = gevent.get_hub()
@@ -182,6 +183,8 @@ class Worker:
                 fn()
             except REDIS_ERRORS as exc:
                 self.log.error(f"{fn.__name__}_failed", error=_one_line(exc))
+            except Exception as exc:  # noqa: BLE001 - a periodic task must outlive any one failure
+                self.log.error(f"{fn.__name__}_failed", error=f"{type(exc).__name__}: {_one_line(exc)}")
 
     # -- crawls and leases -------------------------------------------------------
     def discover(self) -> None:
@@ -205,11 +208,21 @@ class Worker:
                 continue
             if self.shard >= config.num_shards:
                 continue
-            self.crawls[cid] = CrawlShard(self.client, config, self.shard, concurrency=self.concurrency,
-                                          proxy=self.proxy, lease_token=self.lease_token, sync=self._sync,
-                                          wake=self._wake.set, commit_batch=self.commit_batch,
-                                          log=self.log.bind(crawl_id=cid), shipper=self.shipper,
-                                          epoch=int(epoch or 0))
+            try:
+                self.crawls[cid] = CrawlShard(
+                    self.client, config, self.shard, concurrency=self.concurrency, proxy=self.proxy,
+                    lease_token=self.lease_token, sync=self._sync, wake=self._wake.set,
+                    commit_batch=self.commit_batch, log=self.log.bind(crawl_id=cid), shipper=self.shipper,
+                    epoch=int(epoch or 0))
+            except OSError as exc:
+                # one crawl's unwritable output must not keep the others from being served
+                now = time.monotonic()
+                if now - self._unservable.get(cid, -1e9) >= 60.0:
+                    self._unservable[cid] = now
+                    self.log.error("crawl_not_served", crawl_id=cid, output=config.output,
+                                   error=f"{exc.filename or ''}: {exc.strerror or exc}",
+                                   action="retrying every few seconds")
+                continue
             if state:
                 self.crawls[cid].set_state(state.decode())
             if self._memory:

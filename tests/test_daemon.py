@@ -33,7 +33,8 @@ CRAWLD = str(Path(sys.executable).with_name("crawld"))
 def start_daemon(redis_url: str, shards: str, log: Path, **env: str) -> subprocess.Popen:
     e = {k: v for k, v in os.environ.items() if k not in MACHINE_ENV}
     e.update({"REDIS_URL": redis_url, "CRAWLD_CONFIG": "/nonexistent/crawld.json", "CRAWLD_LOG_LEVEL": "info",
-              "NUM_WORKERS": "8", "LEASE_TTL_S": "3", "DRAIN_TIMEOUT_S": "10"})
+              "NUM_WORKERS": "8", "LEASE_TTL_S": "3", "DRAIN_TIMEOUT_S": "10",
+              "METRICS_PORT": "0"})  # tests run in parallel: metrics only where asked for
     e.update(env)
     with open(log, "ab") as f:
         return subprocess.Popen([CRAWLD, "--shards", shards], env=e, stdout=f, stderr=f, start_new_session=True)
@@ -169,10 +170,15 @@ def test_a_crash_looping_worker_is_given_up_and_reported(tmp_path, own_redis):
     done = threading.Event()
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    # a crawl whose output this machine cannot write: every worker dies at boot
-    seed(own_redis.url, "doomed", Path("/proc/crawld-cannot-write"), ["http://www.doomed.com/"], "--shards", "2")
+    # every worker process dies at boot (as a broken install would): a
+    # sitecustomize on the children's path exits any crawld.worker at once
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os, sys\nif 'crawld.worker' in getattr(sys, 'orig_argv', []):\n    os._exit(3)\n")
+    seed(own_redis.url, "doomed", tmp_path / "out", ["http://www.doomed.com/"], "--shards", "2")
     d = start_daemon(own_redis.url, "0-1", tmp_path / "log", CRASH_LOOP_LIMIT="2",
-                     NOTIFY_SOCKET=str(sock_path), WATCHDOG_USEC="2000000")
+                     NOTIFY_SOCKET=str(sock_path), WATCHDOG_USEC="2000000", PYTHONPATH=str(inject))
     try:
         code = d.wait(60)
     finally:

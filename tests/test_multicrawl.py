@@ -48,7 +48,7 @@ def start_daemon(redis_url: str, proxy: str, log_path: Path, shards: str = "0-1"
     env = {k: v for k, v in os.environ.items() if k not in MACHINE_ENV}
     env.update(REDIS_URL=redis_url, NUM_WORKERS=str(num_workers), CRAWLD_PROXY=proxy,
                CRAWLD_CONFIG="/nonexistent/crawld-test-config.json", LEASE_TTL_S="5",
-               CRAWLD_LOG_LEVEL="info", DRAIN_TIMEOUT_S=str(DRAIN_TIMEOUT_S))
+               CRAWLD_LOG_LEVEL="info", DRAIN_TIMEOUT_S=str(DRAIN_TIMEOUT_S), METRICS_PORT="0")
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "-m", "crawld.daemon", "--shards", shards], env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

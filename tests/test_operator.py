@@ -230,3 +230,43 @@ def test_crawlctl_run_without_a_terminal_prints_no_progress(tmp_path):
                      "--proxy", srv.url, "--out", str(tmp_path), timeout=120)
     assert p.returncode == 0, p.stderr
     assert "\r" not in p.stderr and "pages/s" not in p.stderr
+
+
+def test_a_crawl_with_an_unwritable_output_does_not_stop_the_others(tmp_path, own_redis):
+    """One crawl whose output cannot be created is logged and retried; the
+    worker's periodic tasks survive it and every other crawl is served."""
+    client = redis_mod.Redis.from_url(own_redis.url)
+    site = SyntheticSite(pages=5)
+    with SiteServer(("127.0.0.1", 0), synthetic={h: site for h in HOSTS[:2]}) as srv:
+        seed(own_redis.url, "aaa-unwritable", Path("/proc/crawld-not-writable"), [f"http://{HOSTS[0]}/"],
+             "--shards", "2", "--max-rps-per-host", "50")
+        d = start_daemon(own_redis.url, "0-1", tmp_path / "log", CRAWLD_PROXY=srv.url)
+        try:
+            time.sleep(2.5)  # discovery has met the bad crawl
+            good = seed(own_redis.url, "zzz-good", tmp_path / "out", [f"http://{HOSTS[1]}/"], "--shards", "2",
+                        "--max-rps-per-host", "50")
+            wait_finished(client, good, timeout=60)
+        finally:
+            assert stop(d) == 0
+    text = (tmp_path / "log").read_text()
+    assert "Traceback" not in text, text[-3000:]
+    evs = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "crawl_not_served" and e["crawl_id"] == "aaa-unwritable" for e in evs)
+    rows = artifact_rows(own_redis.url, "zzz-good")
+    assert len(rows) == len(site.paths())
+
+
+def test_set_cannot_replace_the_crawl_id_or_the_seeds(own_redis, tmp_path):
+    for name in ("crawl_id", "seeds"):
+        p = crawlctl("seed", "http://www.a-set.com/", "--crawl-id", "setx", "--set", f"{name}=other",
+                     "--out", str(tmp_path), "--redis-url", own_redis.url)
+        assert p.returncode == 64 and p.stderr.startswith(f"crawlctl: error: --set {name}: give it as"), p.stderr
+    assert not redis_mod.Redis.from_url(own_redis.url).exists(keys.crawl_config("other"))
+
+
+def test_crawld_refuses_a_missing_config_file_named_on_the_command_line():
+    from test_daemon import CRAWLD
+    import subprocess
+    p = subprocess.run([CRAWLD, "--check", "--shards", "0", "--config", "/nonexistent/typo.json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 78 and p.stderr == "crawld: error: --config /nonexistent/typo.json: no such file\n"
