@@ -141,6 +141,9 @@ def check(client: redis.Redis, url: str = "") -> dict:
     except (redis.ConnectionError, redis.TimeoutError, RedisClusterException, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RedisUnfit(f"cannot reach Redis at {where}: {msg}") from None
+    except redis.RedisError as exc:  # e.g. an HTTP server at that port: InvalidResponse
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RedisUnfit(f"{where} does not answer as Redis: {msg}") from None
     try:
         # the frontier is Lua scripts run by SHA: a user without @scripting
         # would leave every worker crash-looping

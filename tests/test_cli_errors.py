@@ -218,3 +218,14 @@ def test_a_crawl_where_nothing_could_be_fetched_fails(tmp_path):
     assert proc.returncode == exitcodes.FAILED, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("crawlctl: error: no URL could be fetched")
     assert '"rows": 1' in proc.stdout  # the artifact and its summary are still there
+
+
+def test_a_url_that_is_not_redis_is_named_in_one_line():
+    from crawld.sitesrv import SiteServer, SyntheticSite
+
+    with SiteServer(("127.0.0.1", 0), synthetic={"www.not-redis.com": SyntheticSite(pages=1)}) as srv:
+        port = srv.url.rsplit(":", 1)[1].strip("/")
+        p = crawlctl("queue-depth", "--crawl-id", "x", "--redis-url", f"redis://127.0.0.1:{port}/0")
+    assert p.returncode == 69, p.stderr
+    assert p.stderr.startswith(f"crawlctl: error: redis://127.0.0.1:{port}/0 does not answer as Redis: ")
+    assert p.stderr.count("\n") == 1, p.stderr
