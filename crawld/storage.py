@@ -37,6 +37,8 @@ directory) and what went wrong; the CLI prints it and exits with
 
 from __future__ import annotations
 
+import abc
+
 import contextlib
 import os
 import shutil
@@ -79,37 +81,38 @@ class ObjectInfo:
     size: int
 
 
-class Storage:
+class Storage(abc.ABC):
     """The operations crawld needs from an output location.  ``url`` is the
-    location as given (``s3://bucket/prefix`` or an absolute directory)."""
+    location as given (``s3://bucket/prefix`` or an absolute directory).
+    Implemented by :class:`LocalStorage` and :class:`S3Storage`."""
 
     url: str
 
+    @abc.abstractmethod
     def location_of(self, key: str) -> str:
         """The full location of ``key``: a path, or ``s3://bucket/prefix/key``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def check_writable(self) -> None:
         """Prove a file can be written (and deleted) at the location.
         Raises :class:`StorageError`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def upload(self, local: str | os.PathLike, key: str) -> int:
         """Copy the local file to ``key`` (replacing it); returns its size in
         bytes.  The stored file appears whole or not at all."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every file whose key starts with ``prefix``, sorted by key."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def download(self, key: str, local: str | os.PathLike) -> int:
         """Copy ``key`` to the local file (parents created); returns bytes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
-        raise NotImplementedError
 
 
 class LocalStorage(Storage):

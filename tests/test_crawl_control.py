@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 import urllib.request
 
-import pytest
 import redis as redis_mod
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,16 +18,7 @@ from crawld.frontier import Frontier, crawl_finished
 from crawld.localredis import RedisServer, free_port
 from crawld.sitesrv import SiteServer, SyntheticSite
 from test_daemon import artifact_rows, events, seed, start_daemon, stop, wait_finished
-
-
-def wait_for(cond, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
+from test_operator import wait_for
 
 
 def hits_of(srv: SiteServer, hosts: list[str]) -> int:
