@@ -9,12 +9,20 @@ enqueue.  The crawl setting ``dedup`` picks the backend:
 ``redis_set`` (default, exact up to fingerprint collisions)
     The 64-bit fingerprint (:func:`crawld.urls.fingerprint`) is split into a
     bucket number (its top ``bits`` bits) and a 32-bit remainder (its low 32
-    bits), stored as a signed 32-bit integer (remainder - 2^31) in the Redis
-    set ``<seen>:<bucket>``.  Redis keeps a set of integers with at most
+    bits); the member stored in the Redis set ``<seen>:<bucket>`` is the
+    integer ``slot * 2^32 + remainder``, where ``slot`` is the 16-bit slot
+    of the URL's politeness key (:func:`crawld.sharding.key_slot`, which
+    alone decides the key's shard under any shard count).  So every entry
+    says which shard its domain belongs to, and ``crawlctl rebalance``
+    moves exactly the entries of the domains that change shard
+    (:func:`split_members`).  Redis keeps a set of integers with at most
     ``set-max-intset-entries`` (512 by default) members as an *intset*, a
-    sorted array of 4-byte integers (Redis documentation, "Memory
+    sorted array of 8-byte integers here (Redis documentation, "Memory
     optimization"), instead of a hash table of strings (~50-70 bytes per
-    member).  ``bits`` is the smallest number making the expected entries
+    member): about 9 bytes per URL in all (``bench/dedup.py``).  A
+    structure laid out before slots were kept (no ``slot`` field in its
+    layout hash) holds ``remainder - 2^31`` (4-byte entries) and is still
+    read and written so.  ``bits`` is the smallest number making the expected entries
     per bucket ``ceil(expected_urls / num_shards) / 2^bits`` at most
     :data:`BUCKET_TARGET` (256), so every bucket stays an intset until the
     shard holds about twice its expected URLs (a Poisson bucket of mean 256
@@ -56,8 +64,8 @@ site) fills that shard's structure faster: set ``expected_urls`` to about
 
 Each structure's parameters are recorded in Redis, in the hash at the
 structure's own key (``seen`` / ``skipseen``: fields ``b`` = ``set``,
-``lua`` or ``bf``, ``bits``, ``m``, ``k``, ``cap``, ``p``, and ``n`` =
-fingerprints added), by the first push that uses it, and read back by every
+``lua`` or ``bf``, ``bits``, ``slot`` = 1, ``m``, ``k``, ``cap``, ``p``,
+and ``n`` = fingerprints added), by the first push that uses it, and read back by every
 later push: a shard's layout never changes during a crawl, whatever the
 ``Frontier`` that pushes passes.  Its data keys carry the shard's hash tag
 (same Redis Cluster slot): ``<key>:<bucket>`` (redis_set), ``<key>:bits``
@@ -74,6 +82,7 @@ from typing import Any
 import redis
 
 from . import keys
+from .sharding import key_slot
 
 #: the values of the ``dedup`` crawl setting.
 BACKENDS = ("redis_set", "redis_bloom")
@@ -149,6 +158,13 @@ def check(config: Any) -> None:
 
 
 # -- reading (Python mirror of the push script) ----------------------------
+def tagged_fingerprint(fp: bytes, pkey: str) -> bytes:
+    """What the push script takes for a URL: its 8-byte fingerprint (shorter
+    ones padded with zero bytes) then the 2-byte big-endian slot of its
+    politeness key (:func:`crawld.sharding.key_slot`)."""
+    return (bytes(fp) + b"\0" * 8)[:8] + key_slot(pkey).to_bytes(2, "big")
+
+
 def words(fp: bytes) -> tuple[int, int]:
     """The high and low 32 bits of a 64-bit fingerprint (shorter ones are
     padded with zero bytes, as the push script does)."""
@@ -156,10 +172,19 @@ def words(fp: bytes) -> tuple[int, int]:
     return int.from_bytes(fp[:4], "big"), int.from_bytes(fp[4:], "big")
 
 
-def bucket_and_member(fp: bytes, bits: int) -> tuple[int, int]:
-    """redis_set: the bucket number and the intset member of ``fp``."""
+def bucket_and_member(fp: bytes, bits: int, pkey: str | None = None) -> tuple[int, int]:
+    """redis_set: the bucket number and the intset member of ``fp``, the
+    URL's fingerprint, in a structure with ``bits`` bucket bits: with
+    ``pkey`` (its politeness key) the member is ``slot * 2^32 + low 32
+    bits``; without, the layout from before slots (``low 32 bits - 2^31``)."""
     hi, lo = words(fp)
-    return hi >> (32 - bits) if bits else 0, lo - (1 << 31)
+    bucket = hi >> (32 - bits) if bits else 0
+    return bucket, (lo - (1 << 31) if pkey is None else (key_slot(pkey) << 32) | lo)
+
+
+def member_slot(member: int) -> int:
+    """The politeness-key slot kept in a redis_set member (slot layout)."""
+    return int(member) >> 32
 
 
 def bloom_positions(fp: bytes, m: int, k: int) -> list[int]:
@@ -179,9 +204,10 @@ def _meta(client: redis.Redis, key: str) -> dict[str, str] | None:
             for k, v in raw.items()}
 
 
-def contains(client: redis.Redis, crawl_id: str, shard: int, structure: str, fp: bytes) -> bool:
-    """Whether ``fp`` is in ``structure`` (``seen`` or ``skipseen``) of a
-    shard, read as the push script reads it (for tests and tools)."""
+def contains(client: redis.Redis, crawl_id: str, shard: int, structure: str, fp: bytes, pkey: str) -> bool:
+    """Whether ``fp``, the fingerprint of a URL of politeness key ``pkey``,
+    is in ``structure`` (``seen`` or ``skipseen``) of a shard, read as the
+    push script reads it (for tests and tools)."""
     key = getattr(keys.shard_keys(crawl_id, shard), structure)
     meta = _meta(client, key)
     if meta is None:
@@ -190,7 +216,7 @@ def contains(client: redis.Redis, crawl_id: str, shard: int, structure: str, fp:
     if b == "plain":
         return bool(client.sismember(key, fp))
     if b == "set":
-        bucket, member = bucket_and_member(fp, int(meta["bits"]))
+        bucket, member = bucket_and_member(fp, int(meta["bits"]), pkey if meta.get("slot") == "1" else None)
         return bool(client.sismember(f"{key}:{bucket}", member))
     if b == "bf":
         return bool(client.execute_command("BF.EXISTS", f"{key}:bf", fp))

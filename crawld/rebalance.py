@@ -37,24 +37,26 @@ with the same count resumes an interrupted one):
    A moved key with queued entries but no schedule entry on its target is
    scheduled (score 0: the claim script applies GCRA).
 
-   Visited state: fingerprints carry no domain, so the source shard's whole
-   ``seen`` and ``skipseen`` structures are copied into every shard that
-   may receive domains from it.  Jump hash is monotone, so growing from n
-   to m moves keys only to shards n..m-1, and shrinking only moves keys of
-   shards >= m: those are the targets (pinned keys never move).  Copying
-   more than the moved domains' fingerprints is harmless: a fingerprint is
-   of a full URL, and a URL whose domain did not move never reaches the
-   target shard.  It is exact for domains whose URLs left no other trace
-   (skipped-only hosts).  Memory cost: growing n -> m adds (m - n) copies of
-   every old shard's structures, i.e. (m - n) x the crawl's visited memory
-   (about 4 bytes per URL per copy for ``redis_set``; a Bloom bitmap per
-   copy); shrinking adds nothing beyond the removed shards' data, which is
-   folded in and deleted.  ``redis_set`` buckets are re-bucketed (a target
-   with fewer bucket bits gets ``bucket >> diff``; one with more gets every
-   candidate bucket, over-inclusive).  A Lua Bloom bitmap is copied to a
-   target without a filter, or OR-ed into one of the same size (more fill:
-   a higher false-positive rate, see crawld.dedup); a different size, or a
-   RedisBloom filter, is refused up front with a one-line error.
+   Visited state moves first.  ``redis_set`` structures keep each URL's
+   politeness-key slot in its entry (:mod:`crawld.dedup`), and a slot alone
+   decides an unpinned key's shard (:func:`crawld.sharding.shard_of_slot`),
+   so the entries of exactly the domains that change shard are moved: each
+   bucket is read (SMEMBERS, 256 buckets per pipeline), every entry whose
+   slot maps elsewhere under the new count is added to its target (same
+   bucket layout; a target laid out with other bucket bits gets
+   ``bucket >> diff``, or every candidate bucket when it has more bits)
+   and then removed from the source.  Entries whose slot is also the slot
+   of a domain pinned to the source (``shard_overrides``; pinned keys never
+   move) are copied but kept, since they may be the pinned domain's.  Bloom
+   filters cannot tell their entries apart: a ``redis_bloom`` source
+   shard's filter is copied to, or OR-ed into, every shard that may
+   receive domains from it (jump hash is monotone: growing from n to m
+   moves keys only to shards n..m-1, shrinking only moves keys of shards
+   >= m).  OR-ing fills the target more (a higher false-positive rate, see
+   crawld.dedup); filters of different sizes, or RedisBloom filters, are
+   refused up front with a one-line error.  A ``redis_set`` crawl laid out
+   before slots were kept in entries is handled like a Bloom crawl (its
+   sets copied whole, re-bucketed).
 4. The config (``num_shards``) is stored, then the crawl's generation
    (:func:`crawld.keys.crawl_epoch`) incremented, removed shards' keys
    deleted, the leases released and the state set back to what it was.
@@ -81,11 +83,11 @@ from urllib.parse import urlsplit
 
 import redis
 
-from . import keys
+from . import dedup, keys
 from .config import ConfigError, CrawlConfig
 from .frontier import Frontier
 from .scope import Router
-from .sharding import politeness_key, shard_for
+from .sharding import key_slot, politeness_key, shard_for, shard_of_slot
 
 SEP = b"\x1f"
 
@@ -160,6 +162,7 @@ class Rebalancer:
         self.log = log
         self.pkey_ = keys.crawl_rebalance(self.cid)
         self.moved = 0
+        self.visited_moved = 0
         self._stop = threading.Event()
 
     def _progress(self) -> dict[str, str]:
@@ -185,6 +188,7 @@ class Rebalancer:
         self.config = config.replace(num_shards=old)
         self.all = max(old, self.to)
         self.fr = Frontier(self.client, config.replace(num_shards=self.all))
+        self.slotted = self._slotted()
         if not prog:
             self._check_dedup()
             state = _d(self.client.get(keys.crawl_state(self.cid)) or b"active")
@@ -232,12 +236,26 @@ class Rebalancer:
             self.fr.release(s, self.token)
         self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
         self.client.delete(self.pkey_)
-        return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": self.moved, "noop": False}
+        return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": self.moved,
+                "visited_moved": self.visited_moved, "noop": False}
 
     # -- steps -----------------------------------------------------------------
-    def _check_dedup(self) -> None:
-        from . import dedup
+    def _slotted(self) -> bool:
+        """Whether every visited structure of the crawl keeps slots in its
+        entries (a ``redis_set`` crawl laid out since they do)."""
+        if self.config.dedup != "redis_set":
+            return False
+        for s in range(self.all):
+            for st in dedup.STRUCTURES:
+                key = getattr(keys.shard_keys(self.cid, s), st)
+                if _d(self.client.type(key)) == "set":
+                    return False
+                meta = self.client.hmget(key, "b", "slot")
+                if meta[0] is not None and (_d(meta[0]) != "set" or meta[1] is None):
+                    return False
+        return True
 
+    def _check_dedup(self) -> None:
         if self.config.dedup != "redis_bloom":
             return
         for st in dedup.STRUCTURES:
@@ -293,8 +311,14 @@ class Rebalancer:
         dst_keys = {d: keys.shard_keys(self.cid, d) for d in range(self.to)}
         # 0. visited state first: what the targets must know before any of
         #    the source's domains is served there
-        for dst in target_shards(src, self.old, self.to):
-            for st in ("seen", "skipseen"):
+        for st in dedup.STRUCTURES:
+            if self.slotted:
+                flag = f"dedup:{src}:{st}"
+                if not c.hget(self.pkey_, flag):
+                    self._move_visited(src, getattr(sk, st), {d: getattr(k, st) for d, k in dst_keys.items()})
+                    c.hset(self.pkey_, flag, 1)
+                continue
+            for dst in target_shards(src, self.old, self.to):
                 flag = f"dedup:{src}:{dst}:{st}"
                 if not c.hget(self.pkey_, flag):
                     self._copy_dedup(getattr(sk, st), getattr(dst_keys[dst], st))
@@ -403,6 +427,72 @@ class Rebalancer:
             for e in es:
                 c.lrem(src_key, 1, e)
 
+    def _move_visited(self, src: int, src_key: str, dst_keys: dict[int, str]) -> None:
+        """Move the entries of a slot-keeping ``redis_set`` structure whose
+        slot maps to another shard under the new count (see the module)."""
+        c = self.client
+        meta = {_d(k): _d(v) for k, v in c.hgetall(src_key).items()}
+        if not meta:
+            return
+        bs = int(meta["bits"])
+        pinned_here = {key_slot(k) for k, v in self.new_config.shard_override_map.items() if v == src}
+        dbits: dict[int, int] = {}
+
+        def target_bits(d: int) -> int:
+            if d not in dbits:
+                dm = {_d(k): _d(v) for k, v in c.hgetall(dst_keys[d]).items()}
+                if not dm:
+                    c.hset(dst_keys[d], mapping={"b": "set", "bits": bs, "slot": 1, "n": 0})
+                    dm = {"bits": str(bs)}
+                dbits[d] = int(dm["bits"])
+            return dbits[d]
+
+        added: dict[int, int] = defaultdict(int)
+        removed = 0
+        step = 256
+        for first in range(0, 1 << bs, step):
+            buckets = range(first, min(first + step, 1 << bs))
+            pipe = c.pipeline(transaction=False)
+            for b in buckets:
+                pipe.smembers(f"{src_key}:{b}")
+            contents = pipe.execute()
+            out = c.pipeline(transaction=False)
+            ops: list[int] = []  # per queued command: its target shard, or -1 for a removal
+            for b, members in zip(buckets, contents):
+                by_dst: dict[int, list[bytes]] = defaultdict(list)
+                gone = []
+                for m in members:
+                    slot = dedup.member_slot(int(m))
+                    d = shard_of_slot(slot, self.to)
+                    if d == src:
+                        continue
+                    by_dst[d].append(m)
+                    if slot not in pinned_here:
+                        gone.append(m)
+                for d, ms in by_dst.items():
+                    bd = target_bits(d)
+                    targets = ([b >> (bs - bd)] if bd <= bs
+                               else [(b << (bd - bs)) | j for j in range(1 << (bd - bs))])
+                    for t in targets:
+                        out.sadd(f"{dst_keys[d]}:{t}", *ms)
+                        ops.append(d)
+                if gone:  # after the copies: a crash leaves entries twice, never nowhere
+                    out.srem(f"{src_key}:{b}", *gone)
+                    ops.append(-1)
+            for d, r in zip(ops, out.execute() if ops else []):
+                if d < 0:
+                    removed += int(r)
+                else:
+                    added[d] += int(r)
+        for d, n in added.items():
+            if n:
+                c.hincrby(dst_keys[d], "n", n)
+        if removed:
+            c.hincrby(src_key, "n", -removed)
+        self.visited_moved += removed
+        self.log(f"shard {src}: moved {removed} visited entr{'y' if removed == 1 else 'ies'} of "
+                 f"{src_key.rsplit(':', 1)[-1]} to {len(added)} shard(s)")
+
     def _copy_dedup(self, src: str, dst: str) -> None:
         """Add every fingerprint of structure ``src`` to ``dst`` (see the
         module: re-bucketed sets, copied or OR-ed Bloom bitmaps)."""
@@ -426,7 +516,7 @@ class Rebalancer:
         if b == "set":
             bs = int(meta["bits"])
             if not dmeta:
-                c.hset(dst, mapping={"b": "set", "bits": bs, "n": 0})
+                c.hset(dst, mapping={k: v for k, v in meta.items() if k in ("b", "bits", "slot")} | {"n": 0})
                 bd = bs
             else:
                 bd = int(dmeta["bits"])

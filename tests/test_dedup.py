@@ -18,6 +18,7 @@ from crawld import dedup, keys
 from crawld.config import ConfigError, CrawlConfig
 from crawld.frontier import Entry, Frontier, PushItem
 from crawld.runner import format_summary
+from crawld.sharding import key_slot as pkey_slot
 from crawld.urls import fingerprint
 
 CRAWL = "dd"
@@ -93,8 +94,12 @@ def test_push_spec_is_sized_per_shard():
 def test_positions_and_buckets_use_the_fingerprint_bits():
     fp = bytes.fromhex("fb2241160c9dad06")
     assert dedup.words(fp) == (0xFB224116, 0x0C9DAD06)
-    assert dedup.bucket_and_member(fp, 12) == (0xFB2, 0x0C9DAD06 - 2 ** 31)
+    assert dedup.bucket_and_member(fp, 12) == (0xFB2, 0x0C9DAD06 - 2 ** 31)  # layout before slots
     assert dedup.bucket_and_member(fp, 0) == (0, 0x0C9DAD06 - 2 ** 31)
+    slot = pkey_slot("python.org")
+    assert dedup.bucket_and_member(fp, 12, "python.org") == (0xFB2, slot * 2 ** 32 + 0x0C9DAD06)
+    assert dedup.member_slot(slot * 2 ** 32 + 0x0C9DAD06) == slot
+    assert dedup.tagged_fingerprint(fp, "python.org") == fp + slot.to_bytes(2, "big")
     m = 958_506
     assert dedup.bloom_positions(fp, m, 3) == [0xFB224116 % m, (0xFB224116 + 0x0C9DAD06) % m,
                                                (0xFB224116 + 2 * 0x0C9DAD06) % m]
@@ -133,8 +138,8 @@ def test_push_dedups_and_the_python_reader_agrees_with_the_script(rds, backend):
     assert push_all(f, items(0, 2000)) == (0, 0, 2000)
     assert push_all(f, items(1000, 3000)) == (1000, 0, 1000)
     for it in items(0, 3000)[::7]:
-        assert dedup.contains(rds, CRAWL, 0, "seen", it.fp)
-    misses = sum(dedup.contains(rds, CRAWL, 0, "seen", it.fp) for it in items(5000, 6000))
+        assert dedup.contains(rds, CRAWL, 0, "seen", it.fp, it.pkey)
+    misses = sum(dedup.contains(rds, CRAWL, 0, "seen", it.fp, it.pkey) for it in items(5000, 6000))
     assert misses <= (30 if backend == "redis_bloom" else 0)  # ~1 % false positives at the expected fill
     info = dedup.info(rds, CRAWL, 0)
     assert info["n"] == 3000
@@ -151,10 +156,10 @@ def test_skip_entries_dedup_through_skipseen(rds, backend):
     assert push_all(f, items(500, 600)) == (100, 0, 0)
     assert push_all(f, items(500, 600, "out_of_scope")) == (0, 0, 100)  # queued for fetching before
     assert dedup.info(rds, CRAWL, 0, "skipseen")["n"] == 500
-    assert all(dedup.contains(rds, CRAWL, 0, "skipseen", it.fp) for it in items(0, 500)[::11])
+    assert all(dedup.contains(rds, CRAWL, 0, "skipseen", it.fp, it.pkey) for it in items(0, 500)[::11])
 
 
-def test_redis_set_buckets_are_intsets_of_4_byte_members(rds):
+def test_redis_set_buckets_are_intsets_of_8_byte_members_that_keep_the_slot(rds):
     f = frontier(rds, expected_urls=20_000)
     push_all(f, items(0, 20_000))
     info = dedup.info(rds, CRAWL, 0)
@@ -166,10 +171,10 @@ def test_redis_set_buckets_are_intsets_of_4_byte_members(rds):
     for b in buckets:
         pipe.object("encoding", b)
     assert set(pipe.execute()) == {b"intset"}
-    members = [int(x) for x in rds.smembers(buckets[0])]
-    assert all(-2 ** 31 <= x < 2 ** 31 for x in members)
+    members = {int(x) for b in buckets for x in rds.smembers(b)}
+    assert {dedup.member_slot(x) for x in members} == {pkey_slot(it.pkey) for it in items(0, 20_000)}
     usage = sum(rds.memory_usage(b, samples=0) for b in buckets)
-    assert usage / 20_000 <= 8, usage / 20_000  # 4-byte members plus ~0.7 byte of key per URL
+    assert 8 < usage / 20_000 <= 12, usage / 20_000  # 8-byte members plus ~0.7 byte of key per URL
 
 
 def test_redis_set_stays_under_16_bytes_per_url(rds):
@@ -244,7 +249,8 @@ def test_a_crawl_from_before_the_backends_keeps_its_plain_sets(rds):
     assert push_all(f, items(50, 60, "nofollow")) == (0, 0, 10)
     assert rds.type(sk.seen) == b"set" and rds.scard(sk.seen) == 100
     assert dedup.info(rds, CRAWL, 0) == {"backend": "plain", "n": 100}
-    assert dedup.contains(rds, CRAWL, 0, "seen", items(99, 100)[0].fp)
+    it = items(99, 100)[0]
+    assert dedup.contains(rds, CRAWL, 0, "seen", it.fp, it.pkey)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -22,6 +22,7 @@ from redis.crc import key_slot
 from crawld import dedup, keys
 from crawld.config import CrawlConfig
 from crawld.frontier import Claim, Entry, Frontier, HostReport, PushItem, ShardSnapshot, crawl_finished
+from crawld.sharding import key_slot as key_slot_of
 from crawld.urls import fingerprint
 
 CRAWL = "t"
@@ -83,9 +84,9 @@ def skeys(shard: int = 0) -> keys.ShardKeys:
     return keys.shard_keys(CRAWL, shard)
 
 
-def in_dedup(rds, structure: str, fp: bytes, shard: int = 0) -> bool:
-    """Whether ``fp`` is in the shard's ``seen`` or ``skipseen`` structure."""
-    return dedup.contains(rds, CRAWL, shard, structure, fp)
+def in_dedup(rds, structure: str, it: PushItem, shard: int = 0) -> bool:
+    """Whether URL ``it`` is in the shard's ``seen`` or ``skipseen`` structure."""
+    return dedup.contains(rds, CRAWL, shard, structure, it.fp, it.pkey)
 
 
 def dedup_count(rds, structure: str, shard: int = 0) -> int:
@@ -276,9 +277,15 @@ def test_push_dedup_is_by_fingerprint_not_payload(rds):
     f = make_frontier(rds)
     fp = fingerprint("http://a.example/x")
     assert f.push(0, [PushItem(fp, A, A, "", "", Entry("http://a.example/x", "http://a.example/x", 0).to_payload())]) == (1, 0, 0)
-    # same fingerprint, different payload, pkey and host: still a duplicate
-    assert f.push(0, [PushItem(fp, B, B, "", "", Entry("http://b.example/y", "http://b.example/y", 3).to_payload())]) == (0, 0, 1)
+    # same fingerprint and politeness key, different payload and host: a duplicate
+    assert f.push(0, [PushItem(fp, A, B, "", "", Entry("http://b.example/y", "http://b.example/y", 3).to_payload())]) == (0, 0, 1)
     assert f.snapshot(0).queued == 1
+    # the redis_set backend keeps the key's slot with the fingerprint (the
+    # slot decides the shard): another slot is another entry; a Bloom
+    # filter keeps the fingerprint alone
+    assert key_slot_of(A) != key_slot_of(B)
+    other = f.push(0, [PushItem(fp, B, B, "", "", Entry("http://b.example/y", "http://b.example/y", 3).to_payload())])
+    assert other == ((1, 0, 0) if f.config.dedup == "redis_set" else (0, 0, 1))
 
 
 def test_push_stays_deduped_after_the_entry_was_claimed_and_acked(rds):
@@ -1127,8 +1134,8 @@ def test_skip_entry_is_recorded_once(rds):
     assert (snap.skips, snap.queued, snap.scheduled) == (1, 0, 0)
     assert snap.stats.get("skip_pushed") == 1 and snap.stats.get("pushed") is None
     assert snap.stats.get("dup") == 3
-    assert in_dedup(rds, "skipseen", it.fp)
-    assert not in_dedup(rds, "seen", it.fp)
+    assert in_dedup(rds, "skipseen", it)
+    assert not in_dedup(rds, "seen", it)
     assert pending_skips(rds) == [("out_of_scope", payload_of(A, 1))]
     wait, cl = f.claim(0, 10)
     assert [(c.mode, c.payload, c.attempts) for c in cl] == [("out_of_scope", payload_of(A, 1), 1)]
@@ -1304,7 +1311,7 @@ def test_page_budget_turns_the_4th_url_of_a_host_into_an_over_budget_skip(rds):
     assert snap.stats.get("pushed") == 7 and snap.stats.get("skip_pushed") == 2
     # the refused URL is recorded once: pushed again, for fetching or not, it is a duplicate
     assert f.push(0, [item(A, 4), skip_item(A, 4, "nofollow")]) == (0, 0, 2)
-    assert in_dedup(rds, "skipseen", item(A, 4).fp)
+    assert in_dedup(rds, "skipseen", item(A, 4))
     _, cl = f.claim(0, 2)
     assert [(c.mode, c.payload) for c in cl] == [("over_budget", payload_of(A, 4)),
                                                  ("over_budget", payload_of(B, 4))]

@@ -10,12 +10,16 @@ import pytest
 import redis as redis_mod
 
 from conftest import crawlctl
-from crawld import keys
+from crawld import dedup, keys
+from crawld.config import CrawlConfig
 from crawld.crawls import load_crawl
+from crawld.frontier import Entry, Frontier, PushItem
 from crawld.ratecheck import rate_violations
-from crawld.rebalance import host_pkey, plan, target_shards
+from crawld.rebalance import Rebalancer, host_pkey, plan, target_shards
+from crawld.scope import Router
 from crawld.sharding import politeness_key, shard_for, shard_of
 from crawld.sitesrv import SiteServer, SyntheticSite
+from crawld.urls import fingerprint
 from test_crawl_control import wait_for
 from test_daemon import artifact_rows, seed, start_daemon, stop, wait_finished
 
@@ -124,3 +128,79 @@ def test_rebalance_a_live_crawl(tmp_path, own_redis, old, new):
 
 def _ts(v) -> float:
     return v.timestamp() if hasattr(v, "timestamp") else float(v)
+
+
+# -- visited state -----------------------------------------------------------
+PINNED = "pinned.example"
+
+
+def _urls(n_domains: int) -> list[str]:
+    return [f"http://www.d{i}.example/p/{j}" for i in range(n_domains) for j in range(5)] + \
+        [f"http://{PINNED}/p/{j}" for j in range(5)]
+
+
+def _push(client, cfg: CrawlConfig, urls: list[str], mode: str = "") -> tuple[int, int, int]:
+    router, fr = Router(cfg), Frontier(client, cfg)
+    by_shard: dict[int, list[PushItem]] = {}
+    for u in urls:
+        r = router.route(u)
+        by_shard.setdefault(r.shard, []).append(
+            PushItem(fingerprint(u), r.pkey, r.host, "", mode, Entry(u, u, 1).to_payload()))
+    tot = [0, 0, 0]
+    for s, its in by_shard.items():
+        for i, x in enumerate(fr.push(s, its)):
+            tot[i] += x
+    return tuple(tot)
+
+
+def _where(client, cid: str, n: int, structure: str, url: str) -> set[int]:
+    pkey = politeness_key(url.split("/")[2])
+    return {s for s in range(n) if dedup.contains(client, cid, s, structure, fingerprint(url), pkey)}
+
+
+@pytest.mark.parametrize("old,new", [(2, 5), (5, 2)])
+def test_rebalance_moves_exactly_the_visited_entries_of_the_domains_that_move(rds, old, new):
+    cid = f"visited-{old}-{new}"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": old, "expected_urls": 20_000,
+                                 "shard_overrides": {PINNED: 1}})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    urls = _urls(300)
+    skips = [u + "?skip" for u in urls[::3]]
+    assert _push(rds, cfg, urls) == (len(urls), 0, 0)
+    assert _push(rds, cfg, skips, "out_of_scope") == (0, len(skips), 0)
+    lines: list[str] = []
+    r = Rebalancer(rds, cid, new, wait_s=5, log=lines.append).run()
+    new_cfg = load_crawl(rds, cid)
+    moved_domains = {politeness_key(u.split("/")[2]) for u in urls} - {PINNED}
+    moved_domains = {d for d in moved_domains if shard_for(d, old) != shard_for(d, new)}
+    assert moved_domains
+    moved_urls = [u for u in urls if politeness_key(u.split("/")[2]) in moved_domains]
+    assert r["visited_moved"] == len(moved_urls) + sum(1 for u in skips if u.split("?")[0] in moved_urls)
+    for structure, us in (("seen", urls), ("skipseen", skips)):
+        for u in us:
+            pkey = politeness_key(u.split("/")[2])
+            where = _where(rds, cid, new, structure, u)
+            if pkey == PINNED:
+                assert 1 in where  # pinned: never moves (a copy elsewhere is harmless)
+            else:
+                assert where == {shard_for(pkey, new)}, (u, structure, where)
+    n = sum(dedup.info(rds, cid, s)["n"] for s in range(new))
+    assert n == len(urls) + sum(len(_where(rds, cid, new, "seen", u)) - 1 for u in urls[-5:])
+    # every URL seen before the rebalance is a duplicate on its new shard
+    assert _push(rds, new_cfg, urls) == (0, 0, len(urls))
+    assert _push(rds, new_cfg, skips, "out_of_scope") == (0, 0, len(skips))
+    assert any("visited entries of seen" in line for line in lines), lines
+
+
+def test_a_bloom_crawl_copies_its_filters_to_the_shards_that_receive_domains(rds):
+    cid = "visited-bloom"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": 2, "expected_urls": 20_000,
+                                 "dedup": "redis_bloom"})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    urls = _urls(100)
+    assert _push(rds, cfg, urls) == (len(urls), 0, 0)
+    r = Rebalancer(rds, cid, 4, wait_s=5).run()
+    assert r["visited_moved"] == 0  # nothing removed: a filter's entries cannot be told apart
+    for u in urls:
+        assert shard_for(politeness_key(u.split("/")[2]), 4) in _where(rds, cid, 4, "seen", u)
+    assert _push(rds, load_crawl(rds, cid), urls) == (0, 0, len(urls))

@@ -11,8 +11,10 @@
 --         "bloom <m> <k> <capacity> <p>"; used only by the first push that
 --         creates a dedup structure of the shard, later pushes read the
 --         layout recorded in it
--- ARGV[7..] groups of 6: fingerprint (8 bytes), pkey, host, variant key
---           ("" when the URL has no query), mode, payload (JSON)
+-- ARGV[7..] groups of 6: tagged fingerprint (the URL's 8-byte fingerprint
+--           then its politeness key's 2-byte slot, big-endian:
+--           crawld.sharding.key_slot), pkey, host, variant key ("" when
+--           the URL has no query), mode, payload (JSON)
 -- Returns {queued, recorded, duplicates}.
 --
 -- Dedup structures (crawld/dedup.py): KEYS[7] (seen) and KEYS[12]
@@ -25,7 +27,7 @@
 -- Cluster slot as every declared key.  A seen/skipseen that is a plain set
 -- (a crawl created before the dedup backends) is used as such.
 local function dd_open(key)
-  local meta = redis.pcall('HMGET', key, 'b', 'bits', 'm', 'k')
+  local meta = redis.pcall('HMGET', key, 'b', 'bits', 'm', 'k', 'slot')
   if meta.err then
     return {b = 'plain', key = key, added = 0}
   end
@@ -34,8 +36,8 @@ local function dd_open(key)
     local w = {}
     for x in string.gmatch(ARGV[6], '%S+') do w[#w + 1] = x end
     if w[1] == 'set' then
-      redis.call('HSET', key, 'b', 'set', 'bits', w[2], 'n', 0)
-      meta = {'set', w[2]}
+      redis.call('HSET', key, 'b', 'set', 'bits', w[2], 'slot', 1, 'n', 0)
+      meta = {'set', w[2], false, false, '1'}
     else
       local m, k, cap, p = w[2], w[3], w[4], w[5]
       local probe = redis.pcall('BF.EXISTS', key .. ':bf', '')
@@ -52,7 +54,7 @@ local function dd_open(key)
     end
   end
   return {b = meta[1], key = key, bits = tonumber(meta[2]), m = tonumber(meta[3]), k = tonumber(meta[4]),
-    added = 0}
+    slot = meta[5] == '1', added = 0}
 end
 
 -- high and low 32 bits of a 64-bit fingerprint (exact in Lua's doubles)
@@ -62,11 +64,17 @@ local function fp_words(fp)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4, ((b5 * 256 + b6) * 256 + b7) * 256 + b8
 end
 
--- redis_set: bucket = top `bits` bits, member = low 32 bits - 2^31 (a
--- signed 32-bit integer, so the bucket's intset keeps 4-byte entries)
+-- redis_set: bucket = top `bits` bits of the fingerprint, member = slot *
+-- 2^32 + its low 32 bits (a 48-bit integer: the bucket's intset keeps
+-- 8-byte entries, and each entry says which shard its domain belongs to).
+-- A structure laid out before slots were kept (no 'slot' field) keeps its
+-- members as low 32 bits - 2^31 (4-byte entries).
 local function dd_bucket(d, fp)
   local hi, lo = fp_words(fp)
-  return d.key .. ':' .. string.format('%d', math.floor(hi / 2 ^ (32 - d.bits))), string.format('%d', lo - 2147483648)
+  local bucket = d.key .. ':' .. string.format('%d', math.floor(hi / 2 ^ (32 - d.bits)))
+  if not d.slot then return bucket, string.format('%d', lo - 2147483648) end
+  local s1, s2 = string.byte(fp, 9, 10)
+  return bucket, string.format('%d', ((s1 or 0) * 256 + (s2 or 0)) * 4294967296 + lo)
 end
 
 -- Bloom filter over a bitmap: the BITFIELD arguments that set the k bits
@@ -94,9 +102,9 @@ local function dd_add(d, fp)
       if old == 0 then new = 1 end
     end
   elseif d.b == 'bf' then
-    new = redis.call('BF.ADD', d.key .. ':bf', fp)
+    new = redis.call('BF.ADD', d.key .. ':bf', string.sub(fp, 1, 8))
   else
-    return redis.call('SADD', d.key, fp)
+    return redis.call('SADD', d.key, string.sub(fp, 1, 8))
   end
   d.added = d.added + new
   return new
@@ -116,9 +124,9 @@ local function dd_has(d, fp)
     end
     return true
   elseif d.b == 'bf' then
-    return redis.call('BF.EXISTS', d.key .. ':bf', fp) == 1
+    return redis.call('BF.EXISTS', d.key .. ':bf', string.sub(fp, 1, 8)) == 1
   end
-  return redis.call('SISMEMBER', d.key, fp) == 1
+  return redis.call('SISMEMBER', d.key, string.sub(fp, 1, 8)) == 1
 end
 
 local dd_seen, dd_skipseen
