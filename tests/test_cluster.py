@@ -255,6 +255,19 @@ def test_crawld_check_on_the_cluster_verifies_every_master(cluster_crawl, cluste
         last.config_set("maxmemory-policy", "noeviction")
 
 
+def test_rebalance_a_live_crawl_on_the_cluster(tmp_path, cluster, cluster_url):
+    """crawlctl rebalance 2 -> 4 on the cluster while a daemon crawls, with
+    test_rebalance.py's assertions (no URL lost or fetched twice, polite,
+    one row each), across masters: the moves are copy-then-delete between
+    slots, never a multi-slot command."""
+    from test_rebalance import live_rebalance
+
+    client = connect(cluster_url)
+    masters = {client.get_node_from_key(keys.shard_keys("rb-2-4", s).queue).name for s in range(4)}
+    assert len(masters) > 1
+    live_rebalance(tmp_path, cluster_url, 2, 4)
+
+
 def test_purge_deletes_the_crawls_keys_on_every_master(cluster_crawl, cluster, cluster_url):
     """Last in the module: it deletes the crawl."""
     proc = crawlctl("purge", "--crawl-id", CRAWL_ID, "--redis-url", cluster_url, "--wait", "1")

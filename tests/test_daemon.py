@@ -24,6 +24,7 @@ from crawld import keys
 from crawld.config import CrawlConfig
 from crawld.frontier import Frontier, crawl_finished
 from crawld.ratecheck import rate_violations
+from crawld.redisconn import connect
 from crawld.sharding import politeness_key
 from crawld.sitesrv import SiteServer, SyntheticSite
 
@@ -43,7 +44,7 @@ def start_daemon(redis_url: str, shards: str, log: Path, **env: str) -> subproce
 def seed(redis_url: str, crawl_id: str, out: Path, seeds: list[str], *args: str) -> CrawlConfig:
     proc = crawlctl("seed", *seeds, "--crawl-id", crawl_id, "--redis-url", redis_url, "--out", str(out), *args)
     assert proc.returncode == 0, proc.stderr
-    return CrawlConfig.from_json(redis_mod.Redis.from_url(redis_url).get(keys.crawl_config(crawl_id)))
+    return CrawlConfig.from_json(connect(redis_url).get(keys.crawl_config(crawl_id)))
 
 
 def wait_finished(client, config, timeout=120.0) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis as redis_mod
 
 from conftest import crawlctl
 from crawld import dedup, keys
@@ -15,6 +14,7 @@ from crawld.config import CrawlConfig
 from crawld.crawls import load_crawl
 from crawld.frontier import Entry, Frontier, PushItem
 from crawld.ratecheck import rate_violations
+from crawld.redisconn import connect
 from crawld.rebalance import Rebalancer, host_pkey, plan, target_shards
 from crawld.scope import Router
 from crawld.sharding import politeness_key, shard_for, shard_of
@@ -78,19 +78,27 @@ def pick_hosts(old: int, new: int, n: int) -> list[str]:
 
 @pytest.mark.parametrize("old,new", [(2, 4), (4, 2)])
 def test_rebalance_a_live_crawl(tmp_path, own_redis, old, new):
-    client = redis_mod.Redis.from_url(own_redis.url)
+    live_rebalance(tmp_path, own_redis.url, old, new)
+
+
+def live_rebalance(tmp_path, redis_url: str, old: int, new: int) -> None:
+    """A crawl of 8 synthetic sites on ``old`` shards, served by a crawld
+    daemon for shards 0-3, rebalanced to ``new`` shards while it runs; it
+    then completes with every URL fetched once, politely, one row each
+    (test_cluster.py runs it on a Redis Cluster)."""
+    client = connect(redis_url)
     hosts = pick_hosts(old, new, 8)
     site = SyntheticSite(pages=40)
     rps = 10.0
     cid = f"rb-{old}-{new}"
     with SiteServer(("127.0.0.1", 0), synthetic={h: site for h in hosts}, delay_s=0.02) as srv:
-        seed(own_redis.url, cid, tmp_path / "out", [f"http://{h}/" for h in hosts], "--shards", str(old),
+        seed(redis_url, cid, tmp_path / "out", [f"http://{h}/" for h in hosts], "--shards", str(old),
              "--max-rps-per-host", str(rps))
-        d = start_daemon(own_redis.url, "0-3", tmp_path / "log", CRAWLD_PROXY=srv.url)
+        d = start_daemon(redis_url, "0-3", tmp_path / "log", CRAWLD_PROXY=srv.url)
         try:
             wait_for(lambda: sum(srv.counts().values()) > 40, what="crawl under way")
             t0 = time.monotonic()
-            r = crawlctl("rebalance", "--crawl-id", cid, "--num-shards", str(new), "--redis-url", own_redis.url)
+            r = crawlctl("rebalance", "--crawl-id", cid, "--num-shards", str(new), "--redis-url", redis_url)
             took, t_done = time.monotonic() - t0, time.time()
             assert r.returncode == 0, r.stderr
             assert f"rebalanced from {old} to {new} shards" in r.stdout
@@ -114,7 +122,7 @@ def test_rebalance_a_live_crawl(tmp_path, own_redis, old, new):
     for h in hits:
         by_domain.setdefault(politeness_key(h.host), []).append(h.t)
     assert rate_violations(by_domain, rps) == {}
-    rows = artifact_rows(own_redis.url, cid)
+    rows = artifact_rows(redis_url, cid)
     urls = [r["url"] for r in rows]
     assert sorted(urls) == sorted(f"http://{h}{p}" for h, p in expected)
     served = {r["shard"] for r in rows}
