@@ -683,8 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Change a crawl's num_shards while its workers run: the crawl is held "
                                     "(state 'rebalancing') until its workers hold nothing and give its "
                                     "leases up, then the queued URLs, host state and visited fingerprints "
-                                    "of the domains whose shard changed are moved, the new count stored and "
-                                    "the crawl resumed. An interrupted rebalance resumes when run again. "
+                                    "of the domains whose shard changed are moved (a redis_bloom crawl's "
+                                    "filters are copied whole to the shards that receive domains), the new "
+                                    "count stored and the crawl resumed. An interrupted rebalance resumes when run again. "
                                     "Exit 1 when the workers do not let go within --wait.")
     rb.add_argument("--crawl-id", type=crawl_id_arg, required=True)
     rb.add_argument("--num-shards", type=int_range(1, 4096), required=True, metavar="N")
