@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: host name -> (Debian package, directory, seed path)
+#: host name -> (Debian package, directory, seed path); the names are picked
+#: so that the four registered domains land on four different shards of 4
+#: (crawld.sharding.shard_of), so that the demo uses every shard
 SITES = {
     "docs.pyref-demo.org": ("python3-doc", "/usr/share/doc/python3-doc/html", "/index.html"),
-    "www.pgmanual-demo.co.uk": ("postgresql-doc-15", "/usr/share/doc/postgresql-doc-15/html", "/index.html"),
-    "sqlite.dbdocs-demo.net": ("sqlite3-doc", "/usr/share/doc/sqlite3", "/index.html"),
+    "www.pgdocs-demo.co.uk": ("postgresql-doc-15", "/usr/share/doc/postgresql-doc-15/html", "/index.html"),
+    "sqlite.dbmanual-demo.net": ("sqlite3-doc", "/usr/share/doc/sqlite3", "/index.html"),
     "git.scm-demo.io": ("git-doc", "/usr/share/doc/git-doc", "/index.html"),
 }
 
