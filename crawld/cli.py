@@ -191,9 +191,35 @@ def cmd_run(args) -> int:
             shutil.rmtree(spool, ignore_errors=True)  # every part shipped
     print_summary(summary, args.json)
     if not summary["statuses"] and summary["rows"]:
+        loopback = _loopback_seeds(config, seeds) if summary["not_fetched"].get("address_blocked") else []
+        if loopback:
+            raise CliError(f"no URL could be fetched: none of the {summary['rows']} rows has a response; seed "
+                           f"{loopback[0]} is a loopback address, refused by the network policy "
+                           f"({LOOPBACK_HINT})", exitcodes.FAILED)
         raise CliError(f"no URL could be fetched: none of the {summary['rows']} rows has a response "
                        "(see the outcome and error columns of the artifact)", exitcodes.FAILED)
     return exitcodes.OK
+
+
+#: how to crawl a seed that the network policy refuses as loopback
+LOOPBACK_HINT = "pass --allow-loopback to crawl a site on this machine"
+
+
+def _loopback_seeds(config: CrawlConfig, seeds: list[str]) -> list[str]:
+    """The seeds that ``config``'s network policy refuses only because they
+    are on a loopback address (127.0.0.0/8, ::1, localhost), in order.
+    ``seeds`` are valid URLs (:func:`crawld.crawls.check_seeds`)."""
+    from .netpolicy import AddressPolicy
+    from .urls import canonicalize, url_host
+
+    policy = AddressPolicy(config.allow_loopback, config.allow_private_networks)
+    with_loopback = AddressPolicy(True, config.allow_private_networks)
+    out = []
+    for s in seeds:
+        host = url_host(canonicalize(s))
+        if policy.check_host(host) and not with_loopback.check_host(host):
+            out.append(s)
+    return out
 
 
 def cmd_seed(args) -> int:
@@ -209,6 +235,11 @@ def cmd_seed(args) -> int:
     create_crawl(client, config)
     n = seed(client, config, seeds)
     print(f"crawl {config.crawl_id}: {n} new seed(s) queued across {config.num_shards} shard(s)")
+    loopback = _loopback_seeds(config, seeds)
+    if loopback:
+        more = f" (and {len(loopback) - 1} more)" if len(loopback) > 1 else ""
+        print(f"crawlctl: warning: seed {loopback[0]}{more} is a loopback address: workers record it as "
+              f"address_blocked and never fetch it ({LOOPBACK_HINT})", file=sys.stderr)
     return exitcodes.OK
 
 
@@ -229,6 +260,32 @@ def cmd_queue_depth(args) -> int:
         for s in snaps:
             print(f"shard={s.shard} queued={s.queued} hosts_waiting={s.scheduled} claimed={s.claimed} "
                   f"dead={s.dead} pushed={s.stats.get('pushed', 0)} acked={s.stats.get('acked', 0)}")
+    return exitcodes.OK
+
+
+def cmd_list(args) -> int:
+    """crawlctl list [--json]: one line (or JSON object) per crawl in the
+    registry (``keys.CRAWLS``), sorted by crawl id; a crawl whose config is
+    missing or invalid is listed as ``broken`` with the reason."""
+    from . import keys, status
+
+    client = _client(args)
+    crawls = []
+    for cid in sorted(x.decode(errors="replace") for x in client.smembers(keys.CRAWLS)):
+        row = {"crawl_id": cid, "state": "broken", "num_shards": None, "dedup": None, "queued": None,
+               "claimed": None, "fetched": None, "finished": None, "error": None}
+        try:
+            config = load_crawl(client, cid)  # ConfigError, or ValueError for an id unfit for key names
+        except ValueError as exc:
+            row["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            crawls.append(row)
+            continue
+        st = status.crawl_status(Frontier(client, config))
+        t = st["totals"]
+        row.update(state=st["state"], num_shards=config.num_shards, dedup=config.dedup, queued=t["queued"],
+                   claimed=t["claimed"], fetched=t["fetched"], finished=st["finished"])
+        crawls.append(row)
+    print(json.dumps(crawls) if args.json else status.render_crawls(crawls))
     return exitcodes.OK
 
 
@@ -363,7 +420,42 @@ def cmd_rebalance(args) -> int:
     else:
         print(f"crawl {r['crawl_id']}: rebalanced from {r['from']} to {r['to']} shards: moved {r['moved']} "
               f"queued URL(s) and {r['visited_moved']} visited entr{'y' if r['visited_moved'] == 1 else 'ies'}; workers serve it again within a few seconds")
+    warning = _unserved_warning(client, r["crawl_id"], r["to"])
+    if warning:
+        print(f"crawlctl: warning: {warning}", file=sys.stderr)
     return exitcodes.OK
+
+
+def _unserved_warning(client, crawl_id: str, num_shards: int) -> str | None:
+    """None when the crawld daemons registered in Redis (``keys.SUPERVISORS``)
+    serve every shard below ``num_shards`` of ``crawl_id``, else one line
+    naming the unserved shards and how to start them.  Entries that are
+    not JSON objects, or that serve another crawl only, are ignored.
+
+    Raises ``redis.RedisError``."""
+    from . import keys, status
+    from .daemon import shard_label
+
+    specs, registered = [], 0
+    for raw in client.hvals(keys.SUPERVISORS):
+        try:
+            sup = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(sup, dict):
+            continue
+        registered += 1
+        if sup.get("crawl_id") in (None, "", crawl_id):
+            specs.append(str(sup.get("shards", "")))
+    missing = status.unserved_shards(specs, num_shards)
+    if not missing:
+        return None
+    label = shard_label(missing)
+    units = " ".join(f"crawld@{run}" for run in label.split(","))  # no ',' in a systemd instance name
+    start = f"start them (systemctl start {units}, or crawld --shards {label})"
+    if not registered:
+        return f"no crawld is registered in this Redis, so no shard of crawl {crawl_id} is served: {start}"
+    return f"no crawld serves shard{'s' if len(missing) > 1 else ''} {label} of crawl {crawl_id}: {start}"
 
 
 def cmd_purge(args) -> int:
@@ -643,6 +735,20 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--created-at", help="UTC date for the artifact path when Redis is not used")
     m.add_argument("--redis-url")
     m.set_defaults(func=cmd_merge)
+
+    ls = sub.add_parser("list", help="every crawl in Redis: state, shards, dedup, queued, claimed, fetched, "
+                        "finished",
+                        description="One line per crawl registered in Redis, sorted by crawl id: its state "
+                                    "(active, paused, cancelled, rebalancing), num_shards, dedup backend, "
+                                    "URLs queued and claimed, rows fetched, and whether it is finished. A "
+                                    "crawl whose stored config is missing or invalid is listed as 'broken' "
+                                    "with the reason. 'crawlctl status --crawl-id ID' shows one crawl per "
+                                    "shard.")
+    ls.add_argument("--json", action="store_true",
+                    help="one JSON array of objects (crawl_id, state, num_shards, dedup, queued, claimed, "
+                         "fetched, finished, error)")
+    ls.add_argument("--redis-url")
+    ls.set_defaults(func=cmd_list)
 
     ss = sub.add_parser("status", help="per shard: queued, hosts waiting, claimed, oldest claim, leaseholder, "
                         "fetched, errors; totals",

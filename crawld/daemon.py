@@ -7,9 +7,10 @@ reclaim process, under :class:`crawld.supervisor.Supervisor`, until
 SIGTERM.  Settings come from ``/etc/crawl-workers/shard_config.json`` and
 the environment (:mod:`crawld.settings`).
 
-Start-up checks, each a one-line error and a named exit code: settings
-valid (78), Redis reachable and ``noeviction`` (69), the crawl known and
-covering the shards (78), its output writable (73).
+Start-up checks, each a one-line error and a named exit code: ``--shards``
+a shard set (64), settings valid (78), Redis reachable and ``noeviction``
+(69), the crawl known and covering the shards (78), its output writable
+(73).
 
 Under systemd (``Type=notify``) it reports READY once its children are
 started, STATUS lines (what it serves, children given up), STOPPING on
@@ -47,9 +48,10 @@ from .redisconn import ERRORS as REDIS_ERRORS
 MAX_SHARDS = 4096
 
 
-def parse_shard_set(text: str) -> list[int]:
+def parse_shard_set(text: str, name: str = "shards") -> list[int]:
     """Shards named like ``0-3``, ``0,2,5`` or ``0-3,8`` (systemd instance
-    names too), sorted and unique.
+    names too), sorted and unique.  ``name`` is where the text came from
+    (``--shards``, ``CRAWLD_SHARDS``); errors start with it.
 
     Raises:
         ConfigError: malformed text, or a shard outside 0..4095.
@@ -65,10 +67,10 @@ def parse_shard_set(text: str) -> list[int]:
                 raise ValueError
             out.update(range(lo_i, hi_i + 1))
     except ValueError:
-        raise ConfigError(f"shards: {text!r} is not a shard set like '0-3' or '0,2,5' "
+        raise ConfigError(f"{name}: {text!r} is not a shard set like '0-3' or '0,2,5' "
                           f"(shards are 0..{MAX_SHARDS - 1})") from None
     if not out:
-        raise ConfigError(f"shards: {text!r} names no shard")
+        raise ConfigError(f"{name}: {text!r} names no shard; give a shard set like '0-3' or '0,2,5'")
     return sorted(out)
 
 
@@ -229,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                    "/etc/crawl-workers/shard_config.json)")
     p.add_argument("--check", action="store_true", help="run the start-up checks, print the result, exit")
     args = p.parse_args(argv)
+    if args.shards is not None:
+        # a bad command-line argument (or systemd instance name) is a usage
+        # error (64); a bad $CRAWLD_SHARDS is a bad setting (78), below
+        try:
+            parse_shard_set(args.shards, name="--shards")
+        except ConfigError as exc:
+            print(f"crawld: error: {exc}", file=sys.stderr)
+            return exitcodes.USAGE
     try:
         if args.config and not os.path.exists(args.config):
             raise ConfigError(f"--config {args.config}: no such file")
@@ -242,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         shards_text = args.shards or machine["CRAWLD_SHARDS"]
         if not shards_text:
             raise ConfigError("shards: give --shards (e.g. 0-3), the systemd instance, or $CRAWLD_SHARDS")
-        shards = parse_shard_set(shards_text)
+        shards = parse_shard_set(shards_text, name="--shards" if args.shards else "CRAWLD_SHARDS")
         crawl_id = args.crawl_id or machine["CRAWL_ID"]
         url = args.redis_url or machine["REDIS_URL"]
         if not url:

@@ -4,12 +4,17 @@ scrape-time gauges of :mod:`crawld.metrics`).
 :func:`shard_status` reads one shard atomically (one read-only script,
 :meth:`crawld.frontier.Frontier.counts`; the same on Redis Cluster); :func:`crawl_status`
 adds the totals; :func:`render` is the table.  All times are seconds.
+:func:`render_crawls` is the table of ``crawlctl list`` (every crawl of a
+Redis) and :func:`unserved_shards` the check ``crawlctl rebalance`` makes of
+the shards no crawld serves.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from . import keys
 from .frontier import Frontier
 
 #: per-shard fields, in table order: (key, column heading)
@@ -93,6 +98,63 @@ def render(st: dict[str, Any]) -> str:
     else:
         progress = "running"
     return f"crawl {st['crawl_id']}: {state}, {progress}\n" + "\n".join(lines)
+
+
+#: ``crawlctl list`` columns, in table order: (key, column heading, numeric)
+LIST_COLUMNS = (("crawl_id", "crawl_id", False), ("state", "state", False), ("num_shards", "shards", True),
+                ("dedup", "dedup", False), ("queued", "queued", True), ("claimed", "claimed", True),
+                ("fetched", "fetched", True), ("finished", "finished", False))
+
+
+def render_crawls(crawls: list[dict[str, Any]]) -> str:
+    """The crawls of a Redis as a fixed-width table (``crawlctl list``).
+
+    ``crawls``: one dict per crawl, in the order to print, with the keys of
+    :data:`LIST_COLUMNS` (``finished`` a bool) and ``error``: None, or for
+    a crawl whose config is missing or invalid (``state`` ``broken``, the
+    other values None) the one-line reason, printed under the table.
+    Returns ``no crawls in this Redis`` for an empty list.  Pure: no I/O.
+    """
+    if not crawls:
+        return "no crawls in this Redis"
+    rows = [[h for _, h, _ in LIST_COLUMNS]]
+    for c in crawls:
+        rows.append([("yes" if c[k] else "no") if k == "finished" and c[k] is not None else _cell(c[k])
+                     for k, _, _ in LIST_COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(LIST_COLUMNS))]
+    last = len(LIST_COLUMNS) - 1
+    lines = ["  ".join(cell if i == last else cell.rjust(w) if LIST_COLUMNS[i][2] else cell.ljust(w)
+                       for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    for c in crawls:
+        if c.get("error"):
+            cid = c["crawl_id"]
+            fix = (f"'crawlctl purge --crawl-id {cid} --force' deletes what is left of it"
+                   if keys.CRAWL_ID_RE.match(cid)
+                   else f"redis-cli SREM {keys.CRAWLS} {json.dumps(cid)} unregisters it")
+            lines.append(f"crawl {cid} is broken: {c['error']} ({fix})")
+    return "\n".join(lines)
+
+
+def unserved_shards(specs: list[str], num_shards: int) -> list[int]:
+    """Shards below ``num_shards`` that none of ``specs`` serves.
+
+    ``specs``: the shard sets of the running crawld daemons, as they
+    publish them (``"0-3"``, ``"0,2,5"``, ``"0-3,8"``: see
+    :func:`crawld.daemon.parse_shard_set`); a malformed one serves nothing.
+    Returns the unserved shard numbers, sorted (all of ``0..num_shards-1``
+    when ``specs`` is empty).  Pure: no I/O, raises nothing.
+    """
+    from .config import ConfigError
+    from .daemon import parse_shard_set
+
+    served: set[int] = set()
+    for spec in specs:
+        try:
+            served.update(parse_shard_set(str(spec)))
+        except ConfigError:
+            continue
+    return [s for s in range(num_shards) if s not in served]
 
 
 def _cell(v: Any) -> str:

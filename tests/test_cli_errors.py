@@ -117,15 +117,26 @@ def test_crawl_id_taken_with_other_settings(redis_server, rds, tmp_path):
     assert_one_line_error(proc, exitcodes.CONFIG, "already exists")
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--shards", "x-y", "--crawl-id", "c"], "shards:"),
-    (["--shards", "3-1", "--crawl-id", "c"], "shards:"),
-    (["--crawl-id", "c"], "shards:"),
+@pytest.mark.parametrize("args,code,needle", [
+    # a bad --shards argument (or systemd instance name) is a usage error
+    (["--shards", "x-y", "--crawl-id", "c"], exitcodes.USAGE, "--shards: 'x-y' is not a shard set like '0-3'"),
+    (["--shards", "3-1", "--crawl-id", "c"], exitcodes.USAGE, "--shards: '3-1'"),
+    (["--check", "--shards", "abc"], exitcodes.USAGE, "--shards: 'abc' is not a shard set like '0-3'"),
+    (["--check", "--shards", ","], exitcodes.USAGE, "--shards: ',' names no shard"),
+    # no shard set anywhere: a missing setting
+    (["--crawl-id", "c"], exitcodes.CONFIG, "shards:"),
 ])
-def test_daemon_bad_shard_set(args, needle):
+def test_daemon_bad_shard_set(args, code, needle):
     proc = subprocess.run([sys.executable, "-m", "crawld.daemon", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=60)
-    assert_one_line_error(proc, exitcodes.CONFIG, needle, prog="crawld")
+    assert_one_line_error(proc, code, needle, prog="crawld")
+
+
+def test_daemon_bad_shard_set_in_the_environment_is_a_bad_setting():
+    proc = subprocess.run([sys.executable, "-m", "crawld.daemon", "--check"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "REDIS_URL": "redis://127.0.0.1:1/0",
+                               "CRAWLD_SHARDS": "abc"}, timeout=60)
+    assert_one_line_error(proc, exitcodes.CONFIG, "CRAWLD_SHARDS", "abc", prog="crawld")
 
 
 def test_help_is_helpful():
@@ -173,7 +184,7 @@ def test_daemon_huge_shard_range_is_refused_at_once():
     proc = subprocess.run([sys.executable, "-m", "crawld.daemon", "--shards", "0-99999999999", "--crawl-id", "c"],
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
                                                                "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=30)
-    assert_one_line_error(proc, exitcodes.CONFIG, "shards:", prog="crawld")
+    assert_one_line_error(proc, exitcodes.USAGE, "--shards:", prog="crawld")
 
 
 def test_merge_never_replaces_an_artifact_when_there_are_no_parts(tmp_path):
@@ -217,7 +228,41 @@ def test_a_crawl_where_nothing_could_be_fetched_fails(tmp_path):
                     "--shards", "1", "--out", str(tmp_path), "--json")
     assert proc.returncode == exitcodes.FAILED, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("crawlctl: error: no URL could be fetched")
+    assert "--allow-loopback" not in proc.stderr  # not refused as loopback: no such hint
     assert '"rows": 1' in proc.stdout  # the artifact and its summary are still there
+
+
+@pytest.mark.parametrize("seed", ["http://127.0.0.1:{port}/", "http://localhost:{port}/"])
+def test_a_loopback_seed_names_the_flag_that_allows_it(seed, tmp_path):
+    seed = seed.format(port=free_port())
+    proc = crawlctl("run", seed, "--shards", "1", "--out", str(tmp_path), "--json")
+    assert proc.returncode == exitcodes.FAILED, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("crawlctl: error: no URL could be fetched"), last
+    assert f"seed {seed} is a loopback address" in last
+    assert last.endswith("(pass --allow-loopback to crawl a site on this machine)"), last
+    assert "Traceback" not in proc.stderr
+    assert '"address_blocked": 1' in proc.stdout
+
+
+@pytest.mark.parametrize("seeds,warned", [
+    (["http://[::1]:8080/", "http://localhost/"], "seed http://[::1]:8080/ (and 1 more) is a loopback address"),
+    (["http://127.0.0.1/"], "seed http://127.0.0.1/ is a loopback address"),
+    (["http://10.1.2.3/"], None),  # private, not loopback: refused too, but not for that reason
+    (["http://www.example.com/"], None),
+])
+def test_seed_warns_about_loopback_seeds(seeds, warned, redis_server, rds, tmp_path):
+    proc = crawlctl("seed", *seeds, "--crawl-id", "lo", "--redis-url", redis_server.url, "--out", str(tmp_path))
+    assert proc.returncode == exitcodes.OK, proc.stderr
+    if warned is None:
+        assert proc.stderr == ""
+    else:
+        assert proc.stderr.startswith(f"crawlctl: warning: {warned}: "), proc.stderr
+        assert proc.stderr.strip().endswith("(pass --allow-loopback to crawl a site on this machine)")
+        assert proc.stderr.count("\n") == 1
+        allowed = crawlctl("seed", *seeds, "--crawl-id", "lo-allowed", "--allow-loopback",
+                           "--redis-url", redis_server.url, "--out", str(tmp_path))
+        assert (allowed.returncode, allowed.stderr) == (0, "")
 
 
 def test_a_url_that_is_not_redis_is_named_in_one_line():

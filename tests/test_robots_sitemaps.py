@@ -7,7 +7,7 @@ import gzip
 import pyarrow.parquet as pq
 
 from conftest import crawlctl, summary_of
-from crawld.ratecheck import max_in_window
+from crawld.ratecheck import max_in_window, rate_violations
 from crawld.sitesrv import SiteServer, SyntheticSite
 
 
@@ -37,7 +37,11 @@ def test_crawl_delay_never_speeds_a_host_up(tmp_path, redis_server, rds):
     with SiteServer(("127.0.0.1", 0), synthetic={"www.eager.org": SyntheticSite(pages=5)}, files=files) as srv:
         _crawl(srv, tmp_path, redis_server, "nofaster", "http://www.eager.org/", extra=("--max-rps-per-host", "4"))
         ts = sorted(h.t for h in srv.hits())
-    assert min(b - a for a, b in zip(ts, ts[1:])) >= 0.24
+    # the crawl's 4 requests/s held (crawld.ratecheck's 1 s and 10 s windows),
+    # not Crawl-delay's 100/s; single gaps as the server sees them may be a
+    # little under 0.25 s by the jitter of each request's way there
+    assert rate_violations({"eager.org": ts}, 4.0) == {}
+    assert min(b - a for a, b in zip(ts, ts[1:])) >= 0.2
 
 
 def _urlset(host: str, paths: list[str]) -> bytes:
