@@ -65,10 +65,10 @@ with the same count resumes an interrupted one):
    re-reads the config on every pass.
 
 On a single Redis and on a Redis Cluster alike the move is copy-then-delete
-(source and target shards are different hash slots).  Not covered: seeding
-the crawl (``crawlctl seed``) while it is being rebalanced; ``crawlctl
-verify``'s ``visited_vs_rows`` compares per-shard counts, which a rebalance
-changes (copied fingerprints, rows recorded under the old shard).
+(source and target shards are different hash slots).  ``crawlctl verify``
+counts the rows of removed shards under shard 0, where their counters went
+(:func:`crawld.verify.fold_removed_shards`).  Not covered: seeding the
+crawl (``crawlctl seed``) while it is being rebalanced.
 """
 
 from __future__ import annotations

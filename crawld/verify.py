@@ -409,14 +409,32 @@ def default_artifact(config: CrawlConfig, record: dict[str, Any] | None) -> Path
     return artifact_path(config.output, config.crawl_id, config.created_at)
 
 
+def fold_removed_shards(rows_by_shard: dict[int | None, int], num_shards: int) -> dict[int | None, int]:
+    """``rows_by_shard`` with the rows of shards at or above ``num_shards``
+    counted under shard 0: after ``crawlctl rebalance`` shrank a crawl, the
+    rows its removed shards wrote keep their shard number, while those
+    shards' counters (``acked``, ...) were added to shard 0's
+    (:mod:`crawld.rebalance`)."""
+    out: dict[int | None, int] = {}
+    for shard, n in rows_by_shard.items():
+        key = 0 if shard is not None and shard >= num_shards else shard
+        out[key] = out.get(key, 0) + n
+    return out
+
+
 def evaluate(config: CrawlConfig, shards: list[dict[str, Any]], facts: ArtifactFacts,
              records: dict[str, dict[str, Any]], tolerance: float = DEFAULT_TOLERANCE,
-             band: float = DEFAULT_BAND) -> list[Check]:
-    """Every check, from data already read (pure)."""
+             band: float = DEFAULT_BAND, rebalanced: bool = False) -> list[Check]:
+    """Every check, from data already read (pure).  ``rebalanced``: the
+    crawl's shard count was changed by ``crawlctl rebalance`` (rows of
+    removed shards are then counted under shard 0, see
+    :func:`fold_removed_shards`)."""
+    by_shard = (fold_removed_shards(facts.distinct_by_shard, config.num_shards) if rebalanced
+                else facts.distinct_by_shard)
     return [
         check_shards_drained(shards),
         check_claimed_empty(shards),
-        check_visited_vs_rows(shards, facts.distinct_by_shard, tolerance, spilled=facts.spilled),
+        check_visited_vs_rows(shards, by_shard, tolerance, spilled=facts.spilled),
         check_row_count_vs_previous(facts.rows, config.family_name,
                                     previous_crawl(records, config.crawl_id, config.created_at), band),
         check_politeness(facts.request_times, config.max_rps_per_host),
@@ -443,7 +461,8 @@ def run_checks(client: Any, config: CrawlConfig, artifact: str | os.PathLike | N
     frontier = Frontier(client, config)
     shards = [shard_status(frontier, s) for s in range(config.num_shards)]
     facts = read_artifact(path)
-    return path, evaluate(config, shards, facts, records, tolerance, band)
+    rebalanced = bool(int(client.get(keys.crawl_epoch(config.crawl_id)) or 0))
+    return path, evaluate(config, shards, facts, records, tolerance, band, rebalanced)
 
 
 def summary_line(crawl_id: str, checks: list[Check]) -> str:
@@ -462,5 +481,5 @@ def report_json(crawl_id: str, path: Path, checks: list[Check]) -> str:
 
 __all__ = ["Check", "CHECK_NAMES", "DEFAULT_BAND", "DEFAULT_TOLERANCE", "ArtifactFacts", "artifact_facts",
            "check_claimed_empty", "check_no_duplicates", "check_politeness", "check_row_count_vs_previous",
-           "check_shards_drained", "check_visited_vs_rows", "evaluate", "made_request", "merge_record",
+           "check_shards_drained", "check_visited_vs_rows", "evaluate", "fold_removed_shards", "made_request", "merge_record",
            "merge_records", "previous_crawl", "read_artifact", "record_merge", "run_checks", "summary_line"]

@@ -123,6 +123,8 @@ def live_rebalance(tmp_path, redis_url: str, old: int, new: int) -> None:
         by_domain.setdefault(politeness_key(h.host), []).append(h.t)
     assert rate_violations(by_domain, rps) == {}
     rows = artifact_rows(redis_url, cid)
+    v = crawlctl("verify", "--crawl-id", cid, "--redis-url", redis_url)
+    assert v.returncode == 0, v.stdout + v.stderr
     urls = [r["url"] for r in rows]
     assert sorted(urls) == sorted(f"http://{h}{p}" for h, p in expected)
     served = {r["shard"] for r in rows}

@@ -396,3 +396,10 @@ def test_family_setting():
         CrawlConfig.from_dict({"crawl_id": "f", "family": "a\nb"})
     with pytest.raises(ConfigError, match="^family: "):
         CrawlConfig.from_dict({"crawl_id": "f", "family": 3})
+
+
+def test_rows_of_shards_removed_by_a_rebalance_count_under_shard_0():
+    from crawld.verify import fold_removed_shards
+
+    assert fold_removed_shards({0: 10, 1: 5, 2: 7, 3: 1, None: 2}, 2) == {0: 18, 1: 5, None: 2}
+    assert fold_removed_shards({0: 10, 1: 5}, 4) == {0: 10, 1: 5}
