@@ -326,15 +326,20 @@ class CrawlShard:
             self._fetched.append(claim.token)
             self._wake()
 
-    def _give_back(self, claim: Claim, error: str, count: bool = True) -> None:
+    def _give_back(self, claim: Claim, error: str, count: bool = True, report: HostReport | None = None) -> None:
+        """Nack ``claim`` with ``error``, applying the host outcome
+        ``report`` in the same script call."""
         self.held.discard(claim.token)
         try:
-            r = self.frontier.nack(self.shard, claim.token, error, count)
+            r = self.frontier.nack(self.shard, claim.token, error, count, report)
             self.m["NACKS"].inc()
             if r == 2:
                 self.m["DEAD_LETTERS"].inc()
         except REDIS_ERRORS as exc:
-            # the claim expires and comes back through reclaim
+            # the claim expires and comes back through reclaim; the host
+            # outcome goes with the next claim call
+            if report is not None:
+                self._reports.append(report)
             self.log.error("nack_failed", error=_one_line(exc))
 
     def _finish(self, claim: Claim, row: dict, pushes: list[Push] = (), skip: bool = False) -> None:
@@ -380,8 +385,8 @@ class CrawlShard:
                 why = pol.record.error or f"HTTP {pol.record.status}"
                 return self._record(entry, claim, f"robots_unreachable: {why}", skip=False)
             # the origin counts as disallowed for now: the URL waits
-            self._reports.append(HostReport(route.pkey, "h", cfg.robots_retry_s, "robots.txt unreachable"))
-            return self._give_back(claim, "robots.txt unreachable", count=False)
+            return self._give_back(claim, "robots.txt unreachable", count=False,
+                                   report=HostReport(route.pkey, "h", cfg.robots_retry_s, "robots.txt unreachable"))
         if not pol.allowed(entry.url):
             self._slot_done(claim)
             self.m["ROBOTS_BLOCKS"].inc()
@@ -395,10 +400,12 @@ class CrawlShard:
         self._slot_done(claim)
         self._observe(route.pkey, res)
         report = host_report(route.pkey, res, cfg, self._rand)
+        if retry_url(res, claim.attempts, cfg):
+            # the host's hold (Retry-After, backoff) and the requeue in one
+            # step: a claim call under way cannot take the URL back early
+            return self._give_back(claim, res.error or f"HTTP {res.status}", report=report)
         if report is not None:
             self._reports.append(report)
-        if retry_url(res, claim.attempts, cfg):
-            return self._give_back(claim, res.error or f"HTTP {res.status}")
         row, pushes = self._outcome(entry, claim, res)
         self._finish(claim, row, pushes)
 

@@ -136,6 +136,13 @@ class HostReport(NamedTuple):
     reason: str
 
 
+def _report_args(rep: HostReport) -> tuple[Any, ...]:
+    """A host outcome as script arguments: pkey, code, value (microseconds
+    for "r" and "h"), reason (at most 300 characters)."""
+    value = int(rep.value * 1e6) if rep.code in ("r", "h") else rep.value
+    return rep.pkey, rep.code, value, rep.reason[:300]
+
+
 @dataclass(frozen=True)
 class ShardSnapshot:
     """Counts of one shard read atomically (MULTI/EXEC).
@@ -259,8 +266,7 @@ class Frontier:
         """
         args: list[Any] = [lease, n, self._vt, len(fetched), *fetched, *self._backoff]
         for rep in reports:
-            value = int(rep.value * 1e6) if rep.code in ("r", "h") else rep.value
-            args += (rep.pkey, rep.code, value, rep.reason[:300])
+            args += _report_args(rep)
         r = self._run("claim", shard, args)
         if int(r[0]) == -2:
             raise LeaseLost(f"shard {shard} of crawl {self.config.crawl_id} is leased to another worker")
@@ -282,13 +288,20 @@ class Frontier:
             [t + b"\x1f" + o.encode() for t, o in zip(tokens, outcomes)]
         return self._run("ack", shard, args, client)
 
-    def nack(self, shard: int, token: bytes, error: str, count: bool = True) -> int:
+    def nack(self, shard: int, token: bytes, error: str, count: bool = True,
+             report: HostReport | None = None) -> int:
         """Give a claim back: 1 requeued, 2 dead-lettered, 0 not claimed.
 
         With ``count`` false the attempt does not count toward
-        ``max_attempts`` (the URL was deferred, not tried).
+        ``max_attempts`` (the URL was deferred, not tried).  ``report``, the
+        failure's host outcome (e.g. Retry-After), is applied in the same
+        atomic step, before the entry is queued again (it is applied even
+        when the token is no longer claimed).
         """
-        return self._run("nack", shard, [self.config.max_attempts, token, error[:500], "1" if count else "0"])
+        args: list[Any] = [self.config.max_attempts, token, error[:500], "1" if count else "0"]
+        if report is not None:
+            args += [*self._backoff, *_report_args(report)]
+        return self._run("nack", shard, args)
 
     def extend(self, shard: int, tokens: Sequence[bytes]) -> int:
         """Heartbeat: extend the visibility deadline of held claims."""

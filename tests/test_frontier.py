@@ -810,6 +810,26 @@ def test_dead_letter_at_us_is_exact_integer_microseconds(rds):
     assert before <= at <= after
 
 
+def test_nack_with_a_retry_after_holds_the_host_before_the_url_is_queued_again(rds):
+    """The host outcome goes with the nack, in one step: a claim that comes
+    right after it (say one already under way in another task, carrying no
+    report) cannot take the URL back before the Retry-After is over."""
+    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=5, host_max_failures=10)
+    f.push(0, [item(A, 1)])
+    c = claim_all(f, rds, 0, 1)[0][0]
+    before = server_us(rds)
+    assert f.nack(0, c.token, "HTTP 503", report=HostReport(A, "r", 0.4, "HTTP 503 with Retry-After 0s")) == 1
+    wait, claims = f.claim(0, 5)
+    assert claims == [] and 0.3 < wait <= 0.4
+    assert fails_of(rds, A) == 1
+    again, when = claim_all(f, rds, 0, 1)[0]
+    assert again.attempts == 2 and when >= before + 400_000
+    # without a report, the URL is due again at once (GCRA permitting)
+    assert f.nack(0, again.token, "HTTP 500") == 1
+    wait, claims = f.claim(0, 5)
+    assert len(claims) == 1 or 0 <= wait <= 0.05
+
+
 def test_nack_with_max_attempts_1_dead_letters_immediately(rds):
     f = make_frontier(rds, max_attempts=1)
     f.push(0, [item(A, 1), item(A, 2)])

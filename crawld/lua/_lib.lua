@@ -96,6 +96,34 @@ local function hold_until(pkey, t, now)
   end
 end
 
+-- apply a host outcome reported by a worker (see claim.lua for the codes;
+-- value: jitter for "f", microseconds for "r" and "h"); backoff_base and
+-- backoff_max in microseconds
+local function host_outcome(pkey, code, value, reason, now, backoff_base, backoff_max, max_failures)
+  if code == 'o' then
+    redis.call('HDEL', KEYS[14], pkey)
+  elseif code == 'h' then
+    if redis.call('HEXISTS', KEYS[15], pkey) == 0 then  -- a given-up host stays due
+      hold_until(pkey, now + value, now)
+    end
+  elseif redis.call('HEXISTS', KEYS[15], pkey) == 0 then
+    local fails = redis.call('HINCRBY', KEYS[14], pkey, 1)
+    local delay = value
+    if code == 'f' then
+      delay = backoff_base * 2 ^ (fails - 1)
+      if delay > backoff_max then delay = backoff_max end
+      delay = delay * (0.5 + value / 2)
+    end
+    if fails >= max_failures or code == 'p' then
+      redis.call('HSET', KEYS[15], pkey, reason)
+      redis.call('HINCRBY', KEYS[9], 'parked', 1)
+      if first_of(pkey) then redis.call('ZADD', KEYS[2], now, pkey) end
+    else
+      hold_until(pkey, now + delay, now)
+    end
+  end
+end
+
 local function free_slot(pkey)
   if redis.call('HINCRBY', KEYS[4], pkey, -1) <= 0 then
     redis.call('HDEL', KEYS[4], pkey)

@@ -40,29 +40,8 @@ end
 local base = 8 + nf
 local backoff_base, backoff_max, max_failures = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
 for i = base + 3, #ARGV, 4 do
-  local pkey, code, value, reason = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
-  if code == 'o' then
-    redis.call('HDEL', KEYS[14], pkey)
-  elseif code == 'h' then
-    if redis.call('HEXISTS', KEYS[15], pkey) == 0 then  -- a given-up host stays due
-      hold_until(pkey, now + value, now)
-    end
-  elseif redis.call('HEXISTS', KEYS[15], pkey) == 0 then
-    local fails = redis.call('HINCRBY', KEYS[14], pkey, 1)
-    local delay = value
-    if code == 'f' then
-      delay = backoff_base * 2 ^ (fails - 1)
-      if delay > backoff_max then delay = backoff_max end
-      delay = delay * (0.5 + value / 2)
-    end
-    if fails >= max_failures or code == 'p' then
-      redis.call('HSET', KEYS[15], pkey, reason)
-      redis.call('HINCRBY', KEYS[9], 'parked', 1)
-      if first_of(pkey) then redis.call('ZADD', KEYS[2], now, pkey) end
-    else
-      hold_until(pkey, now + delay, now)
-    end
-  end
+  host_outcome(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], now, backoff_base, backoff_max,
+    max_failures)
 end
 
 local out = {0}

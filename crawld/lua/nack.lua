@@ -1,6 +1,8 @@
 -- nack: give a claim back after a failed attempt.  The entry is queued
 -- again, or dead-lettered with the error once it has had max_attempts
--- claims.  Backing off the host is the claim script's job (host outcomes).
+-- claims.  The failure's host outcome (Retry-After, backoff, hold), when
+-- given, is applied in the same step, before the entry is queued again:
+-- no claim can take the entry back before its host is held.
 --
 -- ARGV[4] max_attempts
 -- ARGV[5] token
@@ -8,9 +10,15 @@
 -- ARGV[7] count         "1": this attempt counts toward max_attempts;
 --                       "0": it does not (e.g. deferred until robots.txt
 --                       can be read)
+-- ARGV[8..14] optional host outcome: backoff_base_us, backoff_max_us,
+--             max_failures, pkey, code, value, reason (as in claim.lua)
 -- Returns 1 requeued, 2 dead-lettered, 0 token not claimed.
 local now = now_us()
 local pkey, attempts, mode, payload = release(ARGV[5])
+if ARGV[11] then
+  host_outcome(ARGV[11], ARGV[12], tonumber(ARGV[13]), ARGV[14], now, tonumber(ARGV[8]), tonumber(ARGV[9]),
+    tonumber(ARGV[10]))
+end
 if not pkey then return 0 end
 redis.call('HINCRBY', KEYS[9], 'nacked', 1)
 if ARGV[7] == '0' then
