@@ -419,7 +419,9 @@ def cmd_rebalance(args) -> int:
         print(f"crawl {r['crawl_id']}: already on {r['to']} shard(s)")
     else:
         print(f"crawl {r['crawl_id']}: rebalanced from {r['from']} to {r['to']} shards: moved {r['moved']} "
-              f"queued URL(s) and {r['visited_moved']} visited entr{'y' if r['visited_moved'] == 1 else 'ies'}; workers serve it again within a few seconds")
+              f"queued URL(s) and {r['visited_moved']} visited entr{'y' if r['visited_moved'] == 1 else 'ies'}; "
+              + ("workers serve it again within a few seconds" if r["state"] == "active"
+                 else f"it stays {r['state']}"))
     warning = _unserved_warning(client, r["crawl_id"], r["to"])
     if warning:
         print(f"crawlctl: warning: {warning}", file=sys.stderr)

@@ -164,6 +164,8 @@ class Rebalancer:
         self.moved = 0
         self.visited_moved = 0
         self._stop = threading.Event()
+        self._renew_lock = threading.Lock()
+        self._renew_n = 0  # the renewer keeps the leases of shards below this
 
     def _progress(self) -> dict[str, str]:
         return {_d(k): _d(v) for k, v in self.client.hgetall(self.pkey_).items()}
@@ -212,6 +214,7 @@ class Rebalancer:
                 self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
                 self.client.delete(self.pkey_)
             raise
+        self._renew_n = self.all
         renewer = threading.Thread(target=self._renew, daemon=True)
         renewer.start()
         try:
@@ -227,6 +230,8 @@ class Rebalancer:
             self.client.set(keys.crawl_config(self.cid), new_config.to_json())
             self.client.set(keys.crawl_epoch(self.cid), self.epoch)
             self.client.hset(self.pkey_, "phase", "finishing")
+            with self._renew_lock:  # no lease of a removed shard is renewed after this
+                self._renew_n = self.to
             for s in range(self.to, old):
                 self._delete_shard(s)
         finally:
@@ -237,7 +242,7 @@ class Rebalancer:
         self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
         self.client.delete(self.pkey_)
         return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": self.moved,
-                "visited_moved": self.visited_moved, "noop": False}
+                "visited_moved": self.visited_moved, "noop": False, "state": prog["prev_state"]}
 
     # -- steps -----------------------------------------------------------------
     def _slotted(self) -> bool:
@@ -295,12 +300,21 @@ class Rebalancer:
             time.sleep(0.2)
 
     def _renew(self) -> None:
+        """Keep the rebalancer's shard leases, every ttl/3 seconds, until
+        stopped; only of shards below ``_renew_n`` (checked under the lock
+        with each lease call, so that a removed shard's deleted lease is
+        never renewed)."""
         while not self._stop.wait(self.lease_ttl_s / 3.0):
-            for s in range(self.all):
-                try:
-                    self.fr.lease(s, self.token, self.lease_ttl_s)
-                except redis.RedisError:
-                    pass
+            s = 0
+            while not self._stop.is_set():
+                with self._renew_lock:
+                    if s >= self._renew_n:
+                        break
+                    try:
+                        self.fr.lease(s, self.token, self.lease_ttl_s)
+                    except redis.RedisError:
+                        pass
+                s += 1
 
     def _target(self, pkey: str) -> int:
         return shard_for(pkey, self.to, self.new_config.shard_override_map)
@@ -408,8 +422,9 @@ class Rebalancer:
                         pass
                 pipe.execute()
                 c.hset(self.pkey_, f"stats:{src}", 1)
-        self.log(f"shard {src}: moved {sum(len(v) for v in by_dst_q.values())} queued URL(s) of "
-                 f"{len(gone)} domain(s)")
+        if gone:
+            self.log(f"shard {src}: moved {sum(len(v) for v in by_dst_q.values())} queued URL(s) of "
+                     f"{len(gone)} domain(s)")
 
     def _move_list(self, src_key: str, dst_keys: dict[int, str], dest_of) -> None:
         c = self.client
@@ -490,8 +505,9 @@ class Rebalancer:
         if removed:
             c.hincrby(src_key, "n", -removed)
         self.visited_moved += removed
-        self.log(f"shard {src}: moved {removed} visited entr{'y' if removed == 1 else 'ies'} of "
-                 f"{src_key.rsplit(':', 1)[-1]} to {len(added)} shard(s)")
+        if removed:
+            self.log(f"shard {src}: moved {removed} visited entr{'y' if removed == 1 else 'ies'} of "
+                     f"{src_key.rsplit(':', 1)[-1]} to {len(added)} shard(s)")
 
     def _copy_dedup(self, src: str, dst: str) -> None:
         """Add every fingerprint of structure ``src`` to ``dst`` (see the
@@ -563,7 +579,9 @@ class Rebalancer:
 
 
 def rebalance(client: redis.Redis, crawl_id: str, num_shards: int, **kw: Any) -> dict[str, Any]:
-    """Run :class:`Rebalancer`; returns ``{crawl_id, from, to, moved, noop}``.
+    """Run :class:`Rebalancer`; returns ``{crawl_id, from, to, moved, noop}``
+    plus, when something was done, ``visited_moved`` (visited entries
+    moved) and ``state`` (the crawl's state, given back as it was).
 
     Raises:
         RebalanceError, ConfigError, redis.RedisError.

@@ -214,3 +214,24 @@ def test_a_bloom_crawl_copies_its_filters_to_the_shards_that_receive_domains(rds
     for u in urls:
         assert shard_for(politeness_key(u.split("/")[2]), 4) in _where(rds, cid, 4, "seen", u)
     assert _push(rds, load_crawl(rds, cid), urls) == (0, 0, len(urls))
+
+
+def test_shrinking_from_many_shards_leaves_no_lease_behind_and_logs_only_moves(rds):
+    """1024 -> 3 shards of a crawl of 8 seeds: every lease the rebalancer
+    took is gone at the end (none renewed on a removed shard), and it logs
+    the shards that moved something, not every shard."""
+    cid = "many-shards"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": 1024, "expected_urls": 100_000})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    rds.set(keys.crawl_state(cid), "paused")
+    urls = [f"http://www.m{i}.example/" for i in range(8)]
+    assert _push(rds, cfg, urls) == (8, 0, 0)
+    lines: list[str] = []
+    r = Rebalancer(rds, cid, 3, wait_s=5, lease_ttl_s=0.6, log=lines.append).run()
+    assert r["state"] == "paused" and rds.get(keys.crawl_state(cid)) == b"paused"
+    leases = list(rds.scan_iter(match=f"crawld:{{{cid}:*}}:lease", count=10_000))
+    assert leases == []
+    time.sleep(0.5)  # a renewal pass would have run by now
+    assert list(rds.scan_iter(match=f"crawld:{{{cid}:*}}:lease", count=10_000)) == []
+    assert 0 < len(lines) <= 2 * 8, lines
+    assert sum(Frontier(rds, load_crawl(rds, cid)).snapshot(s).queued for s in range(3)) == 8
