@@ -19,7 +19,7 @@ from pathlib import Path
 from . import __version__, exitcodes, settings
 from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, percent, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
-from .crawls import CrawlExists, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
+from .crawls import CrawlExists, NoSuchCrawl, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
 from .frontier import Frontier
 from .localredis import RedisServerError
 from .merge import merge_crawl
@@ -99,9 +99,9 @@ def _crawl_settings(args) -> dict:
     return d
 
 
-def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str) -> None:
+def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str, required: bool = False) -> None:
     g = p.add_argument_group("crawl settings (stored with the crawl; see 'crawlctl settings')")
-    g.add_argument("--crawl-id", type=crawl_id_arg, help=crawl_id_help)
+    g.add_argument("--crawl-id", type=crawl_id_arg, help=crawl_id_help, required=required)
     g.add_argument("--shards", type=int, help="number of shards (default 4)")
     g.add_argument("--max-rps-per-host", type=float, metavar="R",
                    help="requests/s per registered domain (default 2)")
@@ -223,8 +223,6 @@ def _loopback_seeds(config: CrawlConfig, seeds: list[str]) -> list[str]:
 
 
 def cmd_seed(args) -> int:
-    if not args.crawl_id:
-        raise CliError("--crawl-id is required", exitcodes.USAGE)
     seeds = check_seeds(args.seeds)
     defaults = machine().crawl_defaults
     out_text = args.out or defaults.get("output") or "crawl-output"
@@ -276,6 +274,10 @@ def cmd_list(args) -> int:
                "claimed": None, "fetched": None, "finished": None, "error": None}
         try:
             config = load_crawl(client, cid)  # ConfigError, or ValueError for an id unfit for key names
+        except NoSuchCrawl:
+            row["error"] = "registered, but no config is stored in Redis"
+            crawls.append(row)
+            continue
         except ValueError as exc:
             row["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             crawls.append(row)
@@ -718,7 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")
     s.add_argument("seeds", nargs="+", metavar="SEED_URL")
-    _add_crawl_options(s, "crawl name (required)")
+    _add_crawl_options(s, "crawl name", required=True)
     s.add_argument("--out", type=nonempty_path, metavar="DIR",
                    help="output location (default $OUTPUT_BUCKET or ./crawl-output)")
     s.add_argument("--redis-url")
@@ -887,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
         err, code = str(exc), exc.code
     except BadURL as exc:
         err, code = str(exc), exitcodes.DATAERR
+    except NoSuchCrawl as exc:
+        err, code = str(exc), exitcodes.NOINPUT
     except (ConfigError, CrawlExists) as exc:
         err, code = str(exc), exitcodes.CONFIG
     except (RedisUnfit, RedisServerError) as exc:

@@ -8,6 +8,8 @@ routed to the shard of their registered domain, deduplicated.
 
 from __future__ import annotations
 
+import dataclasses
+
 import redis
 
 from . import keys
@@ -17,6 +19,10 @@ from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router, variant_key
 from .urls import BadURL, canonicalize, fingerprint, without_userinfo
+
+
+class NoSuchCrawl(ConfigError):
+    """No crawl has the given id in this Redis (``crawlctl`` exits 66)."""
 
 
 class CrawlExists(RuntimeError):
@@ -52,10 +58,14 @@ def create_crawl(client: redis.Redis, config: CrawlConfig) -> None:
     key = keys.crawl_config(config.crawl_id)
     if not client.set(key, config.to_json(), nx=True):
         existing = client.get(key)
-        if existing is not None and CrawlConfig.from_json(existing).replace(created_at=config.created_at) == config:
+        old = CrawlConfig.from_json(existing).replace(created_at=config.created_at) if existing is not None else None
+        if old == config:
             return  # the same crawl again (re-running a seed command is harmless)
-        raise CrawlExists(f"crawl_id: crawl {config.crawl_id!r} already exists in Redis with other settings; "
-                          "pick another id")
+        differ = [f.name for f in dataclasses.fields(CrawlConfig)
+                  if old is not None and getattr(old, f.name) != getattr(config, f.name)]
+        raise CrawlExists(f"crawl_id: crawl {config.crawl_id!r} already exists in Redis with other settings"
+                          + (f" ({', '.join(differ)} differ)" if differ else "")
+                          + "; pick another id, or seed it with the same settings")
     client.sadd(keys.CRAWLS, config.crawl_id)
 
 
@@ -63,12 +73,17 @@ def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
     """The stored config of ``crawl_id``.
 
     Raises:
-        ConfigError: no such crawl, or an invalid stored config.
+        NoSuchCrawl: no crawl has that id in this Redis.
+        ConfigError: an invalid stored config (the message names the crawl).
     """
     raw = client.get(keys.crawl_config(keys.check_crawl_id(crawl_id)))
     if raw is None:
-        raise ConfigError(f"crawl_id: no crawl {crawl_id!r} in this Redis")
-    return CrawlConfig.from_json(raw)
+        raise NoSuchCrawl(f"crawl_id: no crawl {crawl_id!r} in this Redis ('crawlctl list' shows its crawls)")
+    try:
+        return CrawlConfig.from_json(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"crawl {crawl_id}: its stored {exc} ('crawlctl purge --crawl-id {crawl_id} --force' "
+                          "deletes what is left of it)") from None
 
 
 def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:

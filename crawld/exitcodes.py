@@ -12,8 +12,8 @@ FAILED = 1
 USAGE = 64
 #: bad input data (a seed URL that cannot be crawled).
 DATAERR = 65
-#: an input file does not exist or cannot be read (``crawlctl verify``: no
-#: artifact).
+#: an input does not exist or cannot be read: no crawl with the given id in
+#: Redis, or (``crawlctl verify``) no artifact.
 NOINPUT = 66
 #: a needed service (Redis) is unreachable or unfit.
 UNAVAILABLE = 69

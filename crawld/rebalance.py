@@ -85,6 +85,7 @@ import redis
 
 from . import dedup, keys
 from .config import ConfigError, CrawlConfig
+from .crawls import load_crawl
 from .frontier import Frontier
 from .scope import Router
 from .sharding import key_slot, politeness_key, shard_for, shard_of_slot
@@ -171,10 +172,7 @@ class Rebalancer:
         return {_d(k): _d(v) for k, v in self.client.hgetall(self.pkey_).items()}
 
     def run(self) -> dict[str, Any]:
-        raw = self.client.get(keys.crawl_config(self.cid))
-        if raw is None:
-            raise ConfigError(f"crawl_id: no crawl {self.cid!r} in this Redis")
-        config = CrawlConfig.from_json(raw)
+        config = load_crawl(self.client, self.cid)  # NoSuchCrawl, ConfigError
         prog = self._progress()
         if prog:
             if int(prog["to"]) != self.to:

@@ -132,7 +132,8 @@ def render_crawls(crawls: list[dict[str, Any]]) -> str:
             fix = (f"'crawlctl purge --crawl-id {cid} --force' deletes what is left of it"
                    if keys.CRAWL_ID_RE.match(cid)
                    else f"redis-cli SREM {keys.CRAWLS} {json.dumps(cid)} unregisters it")
-            lines.append(f"crawl {cid} is broken: {c['error']} ({fix})")
+            lines.append(f"crawl {cid} is broken: {c['error']}"
+                         + ("" if "crawlctl purge" in c["error"] else f" ({fix})"))
     return "\n".join(lines)
 
 

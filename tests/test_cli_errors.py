@@ -100,7 +100,7 @@ def test_corrupt_stored_config(redis_server, rds):
 
 def test_unknown_crawl(redis_server, rds):
     proc = crawlctl("queue-depth", "--crawl-id", "nosuch", "--redis-url", redis_server.url)
-    assert_one_line_error(proc, exitcodes.CONFIG, "no crawl 'nosuch'")
+    assert_one_line_error(proc, exitcodes.NOINPUT, "no crawl 'nosuch'")
 
 
 def test_merge_without_parts(tmp_path):

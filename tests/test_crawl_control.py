@@ -142,7 +142,7 @@ def test_cancel_stops_serving_a_crawl_and_purge_deletes_only_its_keys(tmp_path, 
             assert not client.sismember(keys.CRAWLS, "done-d")
             assert crawl_keys(client, "cancel-c") == c_keys
             gone = crawlctl("status", "--crawl-id", "done-d", "--redis-url", own_redis.url)
-            assert gone.returncode == 78 and "no crawl 'done-d'" in gone.stderr
+            assert gone.returncode == 66 and "no crawl 'done-d'" in gone.stderr
             # and the cancelled crawl can be purged too
             pc = crawlctl("purge", "--crawl-id", "cancel-c", "--redis-url", own_redis.url)
             assert pc.returncode == 0 and f"deleted {len(c_keys)} key(s)" in pc.stdout, pc.stdout + pc.stderr

@@ -77,13 +77,14 @@ def test_list_shows_broken_registry_entries_and_goes_on(redis_server, rds, tmp_p
     lines = proc.stdout.splitlines()
     assert [ln.split()[:3] for ln in lines[1:4]] == [["alpha", "active", "2"], ["corrupt", "broken", "-"],
                                                      ["ghost", "broken", "-"]]
-    assert lines[4].startswith("crawl corrupt is broken: config: not valid JSON")
-    assert lines[5].startswith("crawl ghost is broken: crawl_id: no crawl 'ghost' in this Redis")
+    assert lines[4].startswith("crawl corrupt is broken: crawl corrupt: its stored config: not valid JSON")
+    assert lines[4].count("crawlctl purge --crawl-id corrupt --force") == 1
+    assert lines[5].startswith("crawl ghost is broken: registered, but no config is stored in Redis")
     assert "crawlctl purge --crawl-id ghost --force" in lines[5]
     assert len(lines) == 6
     crawls = {c["crawl_id"]: c for c in json.loads(
         crawlctl("list", "--json", "--redis-url", redis_server.url).stdout)}
-    assert crawls["ghost"]["state"] == "broken" and "no crawl 'ghost'" in crawls["ghost"]["error"]
+    assert crawls["ghost"]["state"] == "broken" and "no config" in crawls["ghost"]["error"]
     assert crawls["ghost"]["queued"] is None and crawls["alpha"]["queued"] == 3
 
 

@@ -150,7 +150,7 @@ def test_status_shows_every_shard_and_the_totals(tmp_path, own_redis):
     assert lines[5].split()[0] == "total" and "3/3 leased" in lines[5]
     assert "crawld " in text.stdout and "children up" in text.stdout
     missing = crawlctl("status", "--crawl-id", "nosuch", "--redis-url", own_redis.url)
-    assert missing.returncode == 78 and missing.stderr.startswith("crawlctl: error: crawl_id: no crawl")
+    assert missing.returncode == 66 and missing.stderr.startswith("crawlctl: error: crawl_id: no crawl")
 
 
 def test_drain_through_redis_then_cancel(tmp_path, own_redis):
