@@ -381,7 +381,7 @@ def test_cli_crawl_id(redis_server, rds, tmp_path):
     if pinned >= 2:
         bad = crawlctl("shard-balance", "--crawl-id", "bal", "--num-shards", "2", "--redis-url", url)
         assert bad.returncode == exitcodes.CONFIG and bad.stderr.startswith("crawlctl: error: shard_overrides: ")
-    assert crawlctl("shard-balance", "--crawl-id", "nosuch", "--redis-url", url).returncode == exitcodes.CONFIG
+    assert crawlctl("shard-balance", "--crawl-id", "nosuch", "--redis-url", url).returncode == exitcodes.NOINPUT
 
 
 def test_read_crawl_weights_uses_the_page_budget(redis_server, rds):

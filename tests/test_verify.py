@@ -259,7 +259,7 @@ def test_no_artifact_and_no_redis_are_one_line_errors(clean, vredis, tmp_path):
     proc = crawlctl("verify", "--crawl-id", crawl_id, "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert proc.returncode == 69 and proc.stderr.count("\n") == 1
     proc = crawlctl("verify", "--crawl-id", "no-such-crawl", "--redis-url", vredis.url)
-    assert proc.returncode == 78 and "no crawl" in proc.stderr
+    assert proc.returncode == 66 and "no crawl" in proc.stderr
     proc = crawlctl("verify", "--crawl-id", crawl_id, "--redis-url", vredis.url, "--tolerance", "-1")
     assert proc.returncode == 64
 
