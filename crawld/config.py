@@ -26,8 +26,12 @@ from .keys import check_crawl_id
 from .sharding import politeness_key
 from .urls import valid_host
 
-#: schema version of the config JSON stored in Redis.
-CONFIG_VERSION = 1
+#: schema version of the config JSON stored in Redis.  2: URLs are sharded
+#: by the 16-bit slot of their registered domain (crawld.sharding); a crawl
+#: stored with schema 1 was sharded by the full 64-bit hash, so this crawld
+#: would send its URLs to other shards than the ones holding their queues
+#: and visited state: it is refused, not served.
+CONFIG_VERSION = 2
 
 #: query parameters removed during canonicalisation by default: the common
 #: campaign-tracking parameters (Google Analytics ``utm_*``, Google Ads,
@@ -382,6 +386,11 @@ class CrawlConfig:
         if not isinstance(data, dict):
             raise ConfigError("config: must be a JSON object")
         version = data.get("version", CONFIG_VERSION)
+        if version == 1:
+            cid = data.get("crawl_id", "?")
+            raise ConfigError(f"version: crawl {cid} was created by an older crawld (config schema 1) that sharded "
+                              f"URLs otherwise; finish it with that crawld, or delete it (crawlctl purge "
+                              f"--crawl-id {cid} --force)")
         if version != CONFIG_VERSION:
             raise ConfigError(f"version: config schema {version} is not supported by crawld {__version__}")
         return cls.from_dict(data)

@@ -82,6 +82,8 @@ def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
     try:
         return CrawlConfig.from_json(raw)
     except ConfigError as exc:
+        if "crawlctl purge" in str(exc):  # it says what to do already
+            raise
         raise ConfigError(f"crawl {crawl_id}: its stored {exc} ('crawlctl purge --crawl-id {crawl_id} --force' "
                           "deletes what is left of it)") from None
 

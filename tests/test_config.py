@@ -174,7 +174,7 @@ def test_from_json_without_version_is_current():
     assert CrawlConfig.from_json('{"crawl_id": "c1"}').crawl_id == "c1"
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None, CONFIG_VERSION + 1])
+@pytest.mark.parametrize("version", [1, 0, "2", None, CONFIG_VERSION + 1])
 def test_version_mismatch_rejected(version):
     text = json.dumps({"version": version, "crawl_id": "c1"})
     with pytest.raises(ConfigError) as info:
@@ -224,3 +224,10 @@ def test_settings_table_lists_every_setting():
 def test_settings_match_dataclass_fields():
     import dataclasses
     assert [s.name for s in SETTINGS] == [f.name for f in dataclasses.fields(CrawlConfig)]
+
+
+def test_a_crawl_stored_by_the_crawld_before_slot_routing_is_refused_with_what_to_do():
+    with pytest.raises(ConfigError) as info:
+        CrawlConfig.from_json(json.dumps({"version": 1, "crawl_id": "old-crawl"}))
+    msg = str(info.value)
+    assert "older crawld" in msg and "crawlctl purge --crawl-id old-crawl --force" in msg and "\n" not in msg
