@@ -255,17 +255,24 @@ def test_crawld_check_on_the_cluster_verifies_every_master(cluster_crawl, cluste
         last.config_set("maxmemory-policy", "noeviction")
 
 
-def test_rebalance_a_live_crawl_on_the_cluster(tmp_path, cluster, cluster_url):
-    """crawlctl rebalance 2 -> 4 on the cluster while a daemon crawls, with
+@pytest.mark.parametrize("old,new", [(2, 4), (4, 2)])
+def test_rebalance_a_live_crawl_on_the_cluster(tmp_path, cluster, cluster_url, old, new):
+    """crawlctl rebalance on the cluster while a daemon crawls, with
     test_rebalance.py's assertions (no URL lost or fetched twice, polite,
-    one row each), across masters: the moves are copy-then-delete between
-    slots, never a multi-slot command."""
+    one row each, crawlctl verify passes), across masters: the moves are
+    copy-then-delete between slots, never a multi-slot command; after a
+    shrink no key of a removed shard is left on any master."""
     from test_rebalance import live_rebalance
 
+    cid = f"rb-{old}-{new}"
     client = connect(cluster_url)
-    masters = {client.get_node_from_key(keys.shard_keys("rb-2-4", s).queue).name for s in range(4)}
+    masters = {client.get_node_from_key(keys.shard_keys(cid, s).queue).name for s in range(max(old, new))}
     assert len(masters) > 1
-    live_rebalance(tmp_path, cluster_url, 2, 4)
+    live_rebalance(tmp_path, cluster_url, old, new)
+    for srv in cluster:
+        node = _node_client(srv)
+        left = [k for s in range(new, old) for k in node.scan_iter(match=f"crawld:{{{cid}:{s}}}:*")]
+        assert left == [], (srv.port, left)
 
 
 def test_purge_deletes_the_crawls_keys_on_every_master(cluster_crawl, cluster, cluster_url):
