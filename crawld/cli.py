@@ -370,11 +370,17 @@ def cmd_drain(args) -> int:
         time.sleep(0.5)
 
 
-#: set a crawl's state unless it is cancelled (cancelled is final); returns
-#: the state before (``active`` when the key was absent)
+#: set a crawl's state unless it is cancelled (cancelled is final); while
+#: it is rebalancing (KEYS[2], the rebalance progress, exists) record the
+#: state for the end of the rebalance instead; returns the state before
+#: (``active`` when the key was absent)
 _SET_STATE = """
 local cur = redis.call('GET', KEYS[1])
 if cur == 'cancelled' then return cur end
+if cur == 'rebalancing' and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], 'prev_state', ARGV[1])
+  return cur
+end
 redis.call('SET', KEYS[1], ARGV[1])
 return cur or 'active'
 """
@@ -388,8 +394,12 @@ def cmd_crawl_state(args) -> int:
     config = load_crawl(client, args.crawl_id)
     cid = config.crawl_id
     want = {"pause": "paused", "resume": "active", "cancel": "cancelled"}[args.cmd]
-    before = client.eval(_SET_STATE, 1, keys.crawl_state(cid), want)
+    before = client.eval(_SET_STATE, 2, keys.crawl_state(cid), keys.crawl_rebalance(cid), want)
     before = before.decode() if isinstance(before, bytes) else str(before)
+    if before == "rebalancing":
+        print(f"crawl {cid}: being rebalanced; it will be {want} when the rebalance ends"
+              + ("" if want != "cancelled" else " (workers stop serving it then)"))
+        return exitcodes.OK
     if before == "cancelled" and want != "cancelled":
         raise CliError(f"crawl {cid} is cancelled; it cannot be paused or resumed ('crawlctl purge --crawl-id "
                        f"{cid}' deletes its keys)", exitcodes.FAILED)

@@ -161,8 +161,17 @@ def crawl_epoch(crawl_id: str) -> str:
 def crawl_rebalance(crawl_id: str) -> str:
     """Hash: progress of a ``crawlctl rebalance`` under way (``from``,
     ``to``, ``token``, ``prev_state``, ``phase`` and per-source-shard
-    ``done:<shard>``), deleted when it completes; a re-run resumes it."""
+    ``done:<shard>``), deleted when it completes; a re-run resumes it.
+    ``prev_state`` is the state the crawl gets back at the end
+    (``crawlctl pause|resume|cancel`` during a rebalance change it)."""
     return f"{PREFIX}:{{{crawl_id}}}:rebalance"
+
+
+def crawl_rebalance_lock(crawl_id: str) -> str:
+    """String with a TTL: held (``host:pid:nonce``) by the one
+    ``crawlctl rebalance`` process working on the crawl, renewed while it
+    runs; a second one refuses to start until it expires."""
+    return f"{PREFIX}:{{{crawl_id}}}:rebalance:lock"
 
 
 #: set of the ids of crawls that have a config in this Redis.

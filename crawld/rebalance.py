@@ -4,6 +4,14 @@ Protocol (each step can be re-run: progress is kept in
 :func:`crawld.keys.crawl_rebalance`, and a second ``crawlctl rebalance``
 with the same count resumes an interrupted one):
 
+0. One rebalancer at a time: it takes the crawl's rebalance lock
+   (:func:`crawld.keys.crawl_rebalance_lock`, a TTL of ``lease_ttl_s``
+   renewed while it runs); a second ``crawlctl rebalance`` refuses to start
+   and a killed one lets go within the TTL.  The new config keeps every
+   shard's dedup sizing: ``expected_urls`` becomes (URLs per shard) x the
+   new count, so the structures a new shard creates later have the size
+   of those copied (Bloom filters of one size can be OR-ed again by a
+   later rebalance).
 1. The crawl's state (:func:`crawld.keys.crawl_state`) becomes
    ``rebalancing``.  Workers treat it like ``paused`` (claim nothing), finish
    and commit what they hold, then stop serving the crawl and give its
@@ -59,21 +67,25 @@ with the same count resumes an interrupted one):
    sets copied whole, re-bucketed).
 4. The config (``num_shards``) is stored, then the crawl's generation
    (:func:`crawld.keys.crawl_epoch`) incremented, removed shards' keys
-   deleted, the leases released and the state set back to what it was.
+   deleted, the leases released and the state set back to what it was,
+   or to what ``crawlctl pause|resume|cancel`` asked for meanwhile (they
+   record it in the progress hash while the crawl is rebalancing).
    Workers serve the crawl again with the new config: a worker whose shard
    is not below the new count no longer serves it; the reclaim process
    re-reads the config on every pass.
 
 On a single Redis and on a Redis Cluster alike the move is copy-then-delete
 (source and target shards are different hash slots).  ``crawlctl verify``
-counts the rows of removed shards under shard 0, where their counters went
-(:func:`crawld.verify.fold_removed_shards`).  Not covered: seeding the
-crawl (``crawlctl seed``) while it is being rebalanced.
+judges a rebalanced crawl's row count in total, not per shard (rows keep
+the shard that wrote them).  Not covered: seeding the crawl (``crawlctl
+seed``) while it is being rebalanced.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 import uuid
@@ -101,6 +113,19 @@ local cur = redis.call('GET', KEYS[1])
 if cur == 'cancelled' then return cur end
 redis.call('SET', KEYS[1], ARGV[1])
 return cur or 'active'
+"""
+
+
+#: renews a lock held by ARGV[1] for ARGV[2] ms; 1 if held, else 0
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+#: deletes a lock held by ARGV[1]
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
@@ -167,6 +192,8 @@ class Rebalancer:
         self._stop = threading.Event()
         self._renew_lock = threading.Lock()
         self._renew_n = 0  # the renewer keeps the leases of shards below this
+        self._lock_lost = False
+        self._owner = ""
 
     def _progress(self) -> dict[str, str]:
         return {_d(k): _d(v) for k, v in self.client.hgetall(self.pkey_).items()}
@@ -183,12 +210,28 @@ class Rebalancer:
             old = config.num_shards
             if old == self.to:
                 return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": 0, "noop": True}
-        new_config = config.replace(num_shards=self.to)  # ConfigError: overrides beyond the count...
+        # each shard keeps its dedup sizing (Bloom filter bits, set bucket
+        # bits): expected_urls scales with the count, so the structures a
+        # new shard creates match the ones copied or kept
+        per = dedup.per_shard(config.expected_urls, config.num_shards)
+        new_config = config.replace(num_shards=self.to, expected_urls=per * self.to)  # ConfigError: overrides
         self.old, self.new_config = old, new_config
         self.config = config.replace(num_shards=old)
         self.all = max(old, self.to)
         self.fr = Frontier(self.client, config.replace(num_shards=self.all))
         self.slotted = self._slotted()
+        self._lock()
+        self._stop.clear()
+        renewer = threading.Thread(target=self._renew, daemon=True)
+        renewer.start()
+        try:
+            return self._run(prog, old, new_config)
+        finally:
+            self._stop.set()
+            renewer.join()
+            self.client.eval(_UNLOCK, 1, keys.crawl_rebalance_lock(self.cid), self._owner)
+
+    def _run(self, prog: dict[str, str], old: int, new_config: CrawlConfig) -> dict[str, Any]:
         if not prog:
             self._check_dedup()
             state = _d(self.client.get(keys.crawl_state(self.cid)) or b"active")
@@ -209,38 +252,58 @@ class Rebalancer:
             self._take_shards(prog.get("phase") == "waiting")
         except RebalanceError:
             if prog.get("phase") == "waiting":  # nothing moved yet: undo
-                self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
+                self.client.set(keys.crawl_state(self.cid), self._prev_state(prog))
                 self.client.delete(self.pkey_)
             raise
-        self._renew_n = self.all
-        renewer = threading.Thread(target=self._renew, daemon=True)
-        renewer.start()
-        try:
-            self.client.hset(self.pkey_, "phase", "moving")
-            for s in range(self.all):
-                self.client.hset(keys.shard_keys(self.cid, s).stats, "rebalance_epoch", self.epoch)
-            for src in range(old):
-                if not self.client.hget(self.pkey_, f"done:{src}"):
-                    self._move_shard(src)
-                    self.client.hset(self.pkey_, f"done:{src}", 1)
-            # the new config, then the generation (workers read them in the
-            # other order), then the removed shards' keys go
-            self.client.set(keys.crawl_config(self.cid), new_config.to_json())
-            self.client.set(keys.crawl_epoch(self.cid), self.epoch)
-            self.client.hset(self.pkey_, "phase", "finishing")
-            with self._renew_lock:  # no lease of a removed shard is renewed after this
-                self._renew_n = self.to
-            for s in range(self.to, old):
-                self._delete_shard(s)
-        finally:
-            self._stop.set()
-            renewer.join()
+        with self._renew_lock:
+            self._renew_n = self.all
+        self.client.hset(self.pkey_, "phase", "moving")
+        for s in range(self.all):
+            self.client.hset(keys.shard_keys(self.cid, s).stats, "rebalance_epoch", self.epoch)
+        for src in range(old):
+            if not self.client.hget(self.pkey_, f"done:{src}"):
+                self._check_lock()
+                self._move_shard(src)
+                self.client.hset(self.pkey_, f"done:{src}", 1)
+        # the new config, then the generation (workers read them in the
+        # other order), then the removed shards' keys go
+        self._check_lock()
+        self.client.set(keys.crawl_config(self.cid), new_config.to_json())
+        self.client.set(keys.crawl_epoch(self.cid), self.epoch)
+        self.client.hset(self.pkey_, "phase", "finishing")
+        with self._renew_lock:  # no lease of a removed shard is renewed after this
+            self._renew_n = self.to
+        for s in range(self.to, old):
+            self._delete_shard(s)
         for s in range(self.to):
             self.fr.release(s, self.token)
-        self.client.set(keys.crawl_state(self.cid), prog["prev_state"])
+        state = self._prev_state(prog)
+        self.client.set(keys.crawl_state(self.cid), state)
         self.client.delete(self.pkey_)
         return {"crawl_id": self.cid, "from": old, "to": self.to, "moved": self.moved,
-                "visited_moved": self.visited_moved, "noop": False, "state": prog["prev_state"]}
+                "visited_moved": self.visited_moved, "noop": False, "state": state}
+
+    def _prev_state(self, prog: dict[str, str]) -> str:
+        """The state to give the crawl back: ``prev_state`` as it is now
+        (``crawlctl pause|resume|cancel`` during the rebalance set it)."""
+        return self._progress().get("prev_state") or prog.get("prev_state") or "active"
+
+    def _lock(self) -> None:
+        """Take the crawl's rebalance lock, or raise RebalanceError naming
+        its holder."""
+        self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        lock = keys.crawl_rebalance_lock(self.cid)
+        if not self.client.set(lock, self._owner, nx=True, px=int(self.lease_ttl_s * 1000)):
+            holder = _d(self.client.get(lock) or b"?")
+            raise RebalanceError(f"crawl {self.cid}: another 'crawlctl rebalance' is working on it ({holder}); "
+                                 f"wait for it (a killed one lets go within {self.lease_ttl_s:g}s, then re-run "
+                                 "to resume)")
+        self._lock_lost = False
+
+    def _check_lock(self) -> None:
+        if self._lock_lost:
+            raise RebalanceError(f"crawl {self.cid}: lost the rebalance lock (Redis unreachable for "
+                                 f"{self.lease_ttl_s:g}s?); re-run to resume")
 
     # -- steps -----------------------------------------------------------------
     def _slotted(self) -> bool:
@@ -298,11 +361,17 @@ class Rebalancer:
             time.sleep(0.2)
 
     def _renew(self) -> None:
-        """Keep the rebalancer's shard leases, every ttl/3 seconds, until
-        stopped; only of shards below ``_renew_n`` (checked under the lock
-        with each lease call, so that a removed shard's deleted lease is
-        never renewed)."""
+        """Keep the rebalance lock and the rebalancer's shard leases, every
+        ttl/3 seconds, until stopped; leases only of shards below
+        ``_renew_n`` (checked under the lock with each lease call, so that a
+        removed shard's deleted lease is never renewed)."""
+        lock = keys.crawl_rebalance_lock(self.cid)
         while not self._stop.wait(self.lease_ttl_s / 3.0):
+            try:
+                if not self.client.eval(_RENEW, 1, lock, self._owner, int(self.lease_ttl_s * 1000)):
+                    self._lock_lost = True
+            except redis.RedisError:
+                pass
             s = 0
             while not self._stop.is_set():
                 with self._renew_lock:

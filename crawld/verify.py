@@ -141,14 +141,18 @@ def check_claimed_empty(shards: list[dict[str, Any]]) -> Check:
 
 
 def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int | None, int],
-                          tolerance: float = DEFAULT_TOLERANCE, spilled: int = 0) -> Check:
+                          tolerance: float = DEFAULT_TOLERANCE, spilled: int = 0,
+                          per_shard: bool = True) -> Check:
     """Per shard and in total, rows acknowledged by the frontier
     (``acked`` + ``dead``) against the artifact's distinct rows of that shard
     (``rows_by_shard``: shard -> rows; None for rows without a shard), within
     ``tolerance`` (a fraction of the acknowledged count).  A shard with
     acknowledged rows and none in the artifact is reported as missing.
     ``spilled`` rows (memory back-pressure, not in ``rows_by_shard``) are
-    only reported."""
+    only reported.  With ``per_shard`` false (a rebalanced crawl: rows keep
+    the shard that wrote them, while the counters of removed shards went to
+    shard 0, and a shard removed then added again starts over) only the
+    total is judged; the per-shard figures stay in ``data``."""
     expected = {s["shard"]: s["acked"] + s["dead"] for s in shards}
     acked = sum(s["acked"] for s in shards)
     dead = sum(s["dead"] for s in shards)
@@ -158,6 +162,8 @@ def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int 
     for shard in sorted(set(expected) | set(rows_by_shard), key=lambda x: (x is None, x if x is not None else 0)):
         want, got = expected.get(shard, 0), rows_by_shard.get(shard, 0)
         per[str(shard)] = {"acked_dead": want, "artifact": got}
+        if not per_shard:
+            continue
         label = "shard ?" if shard is None else f"shard {shard}"
         if want and not got:
             missing.append(shard)
@@ -173,7 +179,11 @@ def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int 
              f"in artifact ({_rel(total_got, total_want)}, tolerance {_pct(tolerance)})"
              + (f"; {spilled} links recorded under memory back-pressure not counted" if spilled else ""))
     data["spilled"] = spilled
+    data["per_shard_judged"] = per_shard
     if not bad and total_ok:
+        if not per_shard:
+            return Check("visited_vs_rows", True, f"{total}; per-shard counts not compared (the crawl was "
+                                                  "rebalanced)", data)
         return Check("visited_vs_rows", True, f"{len(shards)} shard(s) within tolerance; {total}", data)
     return Check("visited_vs_rows", False, (f"{_named(bad)}; " if bad else "") + total, data)
 
@@ -409,32 +419,18 @@ def default_artifact(config: CrawlConfig, record: dict[str, Any] | None) -> Path
     return artifact_path(config.output, config.crawl_id, config.created_at)
 
 
-def fold_removed_shards(rows_by_shard: dict[int | None, int], num_shards: int) -> dict[int | None, int]:
-    """``rows_by_shard`` with the rows of shards at or above ``num_shards``
-    counted under shard 0: after ``crawlctl rebalance`` shrank a crawl, the
-    rows its removed shards wrote keep their shard number, while those
-    shards' counters (``acked``, ...) were added to shard 0's
-    (:mod:`crawld.rebalance`)."""
-    out: dict[int | None, int] = {}
-    for shard, n in rows_by_shard.items():
-        key = 0 if shard is not None and shard >= num_shards else shard
-        out[key] = out.get(key, 0) + n
-    return out
-
-
 def evaluate(config: CrawlConfig, shards: list[dict[str, Any]], facts: ArtifactFacts,
              records: dict[str, dict[str, Any]], tolerance: float = DEFAULT_TOLERANCE,
              band: float = DEFAULT_BAND, rebalanced: bool = False) -> list[Check]:
     """Every check, from data already read (pure).  ``rebalanced``: the
-    crawl's shard count was changed by ``crawlctl rebalance`` (rows of
-    removed shards are then counted under shard 0, see
-    :func:`fold_removed_shards`)."""
-    by_shard = (fold_removed_shards(facts.distinct_by_shard, config.num_shards) if rebalanced
-                else facts.distinct_by_shard)
+    crawl's shard count was changed by ``crawlctl rebalance``; then
+    ``visited_vs_rows`` judges the total only (see
+    :func:`check_visited_vs_rows`)."""
     return [
         check_shards_drained(shards),
         check_claimed_empty(shards),
-        check_visited_vs_rows(shards, by_shard, tolerance, spilled=facts.spilled),
+        check_visited_vs_rows(shards, facts.distinct_by_shard, tolerance, spilled=facts.spilled,
+                              per_shard=not rebalanced),
         check_row_count_vs_previous(facts.rows, config.family_name,
                                     previous_crawl(records, config.crawl_id, config.created_at), band),
         check_politeness(facts.request_times, config.max_rps_per_host),
@@ -481,5 +477,5 @@ def report_json(crawl_id: str, path: Path, checks: list[Check]) -> str:
 
 __all__ = ["Check", "CHECK_NAMES", "DEFAULT_BAND", "DEFAULT_TOLERANCE", "ArtifactFacts", "artifact_facts",
            "check_claimed_empty", "check_no_duplicates", "check_politeness", "check_row_count_vs_previous",
-           "check_shards_drained", "check_visited_vs_rows", "evaluate", "fold_removed_shards", "made_request", "merge_record",
+           "check_shards_drained", "check_visited_vs_rows", "evaluate", "made_request", "merge_record",
            "merge_records", "previous_crawl", "read_artifact", "record_merge", "run_checks", "summary_line"]

@@ -4,6 +4,7 @@ the pure planning (which politeness keys move where)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from crawld.crawls import load_crawl
 from crawld.frontier import Entry, Frontier, PushItem
 from crawld.ratecheck import rate_violations
 from crawld.redisconn import connect
-from crawld.rebalance import Rebalancer, host_pkey, plan, target_shards
+from crawld.rebalance import Rebalancer, RebalanceError, host_pkey, plan, target_shards
 from crawld.scope import Router
 from crawld.sharding import politeness_key, shard_for, shard_of
 from crawld.sitesrv import SiteServer, SyntheticSite
@@ -235,3 +236,48 @@ def test_shrinking_from_many_shards_leaves_no_lease_behind_and_logs_only_moves(r
     assert list(rds.scan_iter(match=f"crawld:{{{cid}:*}}:lease", count=10_000)) == []
     assert 0 < len(lines) <= 2 * 8, lines
     assert sum(Frontier(rds, load_crawl(rds, cid)).snapshot(s).queued for s in range(3)) == 8
+
+
+def test_a_bloom_crawl_can_be_rebalanced_again_after_new_shards_made_filters(rds):
+    """Shard 1 gets its first URL only after 2 -> 3: its filter is sized
+    like the others (the rebalance keeps the per-shard sizing), so 3 -> 5
+    can OR it into the new shards."""
+    cid = "bloom-again"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": 2, "expected_urls": 20_000,
+                                 "dedup": "redis_bloom"})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    domains = [f"www.ba{i}.example" for i in range(400)]
+    first = [f"http://{h}/" for h in domains if shard_for(politeness_key(h), 2) == 0][:20]
+    assert _push(rds, cfg, first) == (len(first), 0, 0)
+    Rebalancer(rds, cid, 3, wait_s=5).run()
+    cfg3 = load_crawl(rds, cid)
+    assert cfg3.expected_urls == 30_000  # 10,000 per shard, as before
+    later = [f"http://{h}/" for h in domains if shard_for(politeness_key(h), 3) == 1][:20]
+    assert later and _push(rds, cfg3, later) == (len(later), 0, 0)
+    sizes = {(i["m"], i["k"]) for s in range(3) if (i := dedup.info(rds, cid, s))}
+    assert len(sizes) == 1, sizes
+    Rebalancer(rds, cid, 5, wait_s=5).run()
+    assert _push(rds, load_crawl(rds, cid), first + later) == (0, 0, len(first) + len(later))
+
+
+def test_one_rebalancer_at_a_time_and_state_changes_wait_for_its_end(rds, redis_server):
+    cid = "one-at-a-time"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": 2})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    assert _push(rds, cfg, _urls(20)) == (105, 0, 0)
+    # a worker holds shard 0: the first rebalancer waits for it
+    rds.set(keys.shard_keys(cid, 0).lease, "some-worker", px=60_000)
+    first = Rebalancer(rds, cid, 4, wait_s=30)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(first.run()))
+    t.start()
+    wait_for(lambda: rds.get(keys.crawl_state(cid)) == b"rebalancing", what="the first rebalance waiting")
+    with pytest.raises(RebalanceError, match="another 'crawlctl rebalance' is working on it"):
+        Rebalancer(rds, cid, 4, wait_s=1).run()
+    r = crawlctl("pause", "--crawl-id", cid, "--redis-url", redis_server.url)
+    assert r.returncode == 0 and "it will be paused when the rebalance ends" in r.stdout, r.stdout + r.stderr
+    rds.delete(keys.shard_keys(cid, 0).lease)  # the worker lets go
+    t.join(30)
+    assert out["to"] == 4 and out["state"] == "paused"
+    assert rds.get(keys.crawl_state(cid)) == b"paused"
+    assert not rds.exists(keys.crawl_rebalance_lock(cid))

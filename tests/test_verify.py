@@ -398,8 +398,14 @@ def test_family_setting():
         CrawlConfig.from_dict({"crawl_id": "f", "family": 3})
 
 
-def test_rows_of_shards_removed_by_a_rebalance_count_under_shard_0():
-    from crawld.verify import fold_removed_shards
-
-    assert fold_removed_shards({0: 10, 1: 5, 2: 7, 3: 1, None: 2}, 2) == {0: 18, 1: 5, None: 2}
-    assert fold_removed_shards({0: 10, 1: 5}, 4) == {0: 10, 1: 5}
+def test_a_rebalanced_crawl_is_judged_on_its_total_rows():
+    """After 2 -> 3 -> 2 -> 3 shards, rows keep the shard that wrote them
+    while removed shards' counters went to shard 0: per-shard counts no
+    longer line up, the total still must."""
+    shards = [{"shard": 0, "acked": 221, "dead": 0}, {"shard": 1, "acked": 219, "dead": 0},
+              {"shard": 2, "acked": 54, "dead": 0}]
+    rows = {0: 181, 1: 219, 2: 94}
+    assert not verify.check_visited_vs_rows(shards, rows).ok
+    c = verify.check_visited_vs_rows(shards, rows, per_shard=False)
+    assert c.ok and "per-shard counts not compared" in c.figures and c.data["shards"]["2"]["artifact"] == 94
+    assert not verify.check_visited_vs_rows(shards, {0: 181, 1: 219, 2: 50}, per_shard=False).ok
