@@ -129,6 +129,15 @@ return 0
 """
 
 
+#: adds counters (ARGV[2..]: field, value pairs) to the hash KEYS[1] unless
+#: its mark field ARGV[1] is set; sets the mark
+_FOLD_STATS = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], 1) == 0 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+
 class RebalanceError(RuntimeError):
     """A rebalance cannot be done (or was given up); one line."""
 
@@ -479,16 +488,16 @@ class Rebalancer:
                 return self._target(pk) if pk else 0
 
             self._move_list(sk.dead, {d: k.dead for d, k in dst_keys.items()}, dead_dest)
-            if not c.hget(self.pkey_, f"stats:{src}"):
-                stats = {k: v for k, v in c.hgetall(sk.stats).items() if k != b"rebalance_epoch"}
-                pipe = c.pipeline(transaction=False)
-                for k, v in stats.items():
+            # a removed shard's counters go to shard 0's, once per
+            # generation even if re-run (the mark is set in the same script)
+            args: list[Any] = [f"folded:{src}:{self.epoch}"]
+            for k, v in c.hgetall(sk.stats).items():
+                if k != b"rebalance_epoch" and not k.startswith(b"folded:"):
                     try:
-                        pipe.hincrby(dst_keys[0].stats, k, int(v))
+                        args += [k, int(v)]
                     except ValueError:
                         pass
-                pipe.execute()
-                c.hset(self.pkey_, f"stats:{src}", 1)
+            c.eval(_FOLD_STATS, 1, dst_keys[0].stats, *args)
         if gone:
             self.log(f"shard {src}: moved {sum(len(v) for v in by_dst_q.values())} queued URL(s) of "
                      f"{len(gone)} domain(s)")
