@@ -129,6 +129,14 @@ return 0
 """
 
 
+#: creates the progress hash KEYS[1] from ARGV (field, value pairs) in one
+#: step unless it exists; 1 if created
+_START = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
 #: adds counters (ARGV[2..]: field, value pairs) to the hash KEYS[1] unless
 #: its mark field ARGV[1] is set; sets the mark
 _FOLD_STATS = """
@@ -210,6 +218,11 @@ class Rebalancer:
     def run(self) -> dict[str, Any]:
         config = load_crawl(self.client, self.cid)  # NoSuchCrawl, ConfigError
         prog = self._progress()
+        if prog and not {"to", "from", "token", "epoch", "prev_state"} <= set(prog):
+            # a start that did not complete (a crawlctl from before the start
+            # was one step): nothing was moved, begin again
+            self.client.delete(self.pkey_)
+            prog = {}
         if prog:
             if int(prog["to"]) != self.to:
                 raise RebalanceError(f"crawl {self.cid}: a rebalance to {prog['to']} shards is under way; "
@@ -247,10 +260,10 @@ class Rebalancer:
             if state in ("cancelled", "rebalancing"):
                 raise RebalanceError(f"crawl {self.cid} is {state}; it cannot be rebalanced")
             epoch = int(self.client.get(keys.crawl_epoch(self.cid)) or 0) + 1
-            if not self.client.hsetnx(self.pkey_, "to", self.to):
+            start = {"to": self.to, "from": old, "token": f"rebalance:{uuid.uuid4().hex[:12]}",
+                     "prev_state": state, "epoch": epoch, "phase": "waiting"}
+            if not self.client.eval(_START, 1, self.pkey_, *(x for kv in start.items() for x in kv)):
                 raise RebalanceError(f"crawl {self.cid}: another rebalance started meanwhile")
-            self.client.hset(self.pkey_, mapping={"from": old, "token": f"rebalance:{uuid.uuid4().hex[:12]}",
-                                                  "prev_state": state, "epoch": epoch, "phase": "waiting"})
             prog = self._progress()
         self.token, self.epoch = prog["token"], int(prog["epoch"])
         before = _d(self.client.eval(_SET_STATE, 1, keys.crawl_state(self.cid), "rebalancing"))

@@ -296,3 +296,16 @@ def test_a_removed_shards_counters_are_folded_once_even_when_rerun(rds):
     assert rds.hget(key, "acked") == b"25" and rds.hget(key, "rows_fetched") == b"18"
     rds.eval(_FOLD_STATS, 1, key, "folded:3:2", "acked", 1)  # the same shard removed again later
     assert rds.hget(key, "acked") == b"26"
+
+
+def test_a_start_cut_short_is_begun_again(rds):
+    """A progress hash with only ``to`` (a crawlctl killed between two
+    writes of an older start) does not make every later run fail."""
+    cid = "cut-short"
+    cfg = CrawlConfig.from_dict({"crawl_id": cid, "num_shards": 2})
+    rds.set(keys.crawl_config(cid), cfg.to_json())
+    assert _push(rds, cfg, _urls(10)) == (55, 0, 0)
+    rds.hset(keys.crawl_rebalance(cid), "to", 3)
+    r = Rebalancer(rds, cid, 3, wait_s=5).run()
+    assert r["to"] == 3 and load_crawl(rds, cid).num_shards == 3
+    assert _push(rds, load_crawl(rds, cid), _urls(10)) == (0, 0, 55)
