@@ -20,7 +20,7 @@ from . import __version__, exitcodes, settings
 from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, percent, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
 from .crawls import CrawlExists, NoSuchCrawl, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
-from .frontier import Frontier
+from .frontier import Frontier, register_plain_script
 from .localredis import RedisServerError
 from .merge import merge_crawl
 from .output import check_writable, list_parts
@@ -370,20 +370,6 @@ def cmd_drain(args) -> int:
         time.sleep(0.5)
 
 
-#: set a crawl's state unless it is cancelled (cancelled is final); while
-#: it is rebalancing (KEYS[2], the rebalance progress, exists) record the
-#: state for the end of the rebalance instead; returns the state before
-#: (``active`` when the key was absent)
-_SET_STATE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == 'cancelled' then return cur end
-if cur == 'rebalancing' and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[2], 'prev_state', ARGV[1])
-  return cur
-end
-redis.call('SET', KEYS[1], ARGV[1])
-return cur or 'active'
-"""
 
 
 def cmd_crawl_state(args) -> int:
@@ -394,7 +380,8 @@ def cmd_crawl_state(args) -> int:
     config = load_crawl(client, args.crawl_id)
     cid = config.crawl_id
     want = {"pause": "paused", "resume": "active", "cancel": "cancelled"}[args.cmd]
-    before = client.eval(_SET_STATE, 2, keys.crawl_state(cid), keys.crawl_rebalance(cid), want)
+    before = register_plain_script(client, "crawl_state")(keys=[keys.crawl_state(cid), keys.crawl_rebalance(cid)],
+                                                         args=[want])
     before = before.decode() if isinstance(before, bytes) else str(before)
     if before == "rebalancing":
         print(f"crawl {cid}: being rebalanced; it will be {want} when the rebalance ends"

@@ -54,6 +54,13 @@ def load_script_source(name: str) -> str:
     return (_LUA_DIR / "_lib.lua").read_text() + "\n" + (_LUA_DIR / f"{name}.lua").read_text()
 
 
+def register_plain_script(client: Any, name: str) -> Any:
+    """``crawld/lua/<name>.lua`` (a script without the shard prelude)
+    registered on ``client``: a redis-py Script, run by EVALSHA (loaded
+    into Redis on first use)."""
+    return client.register_script((_LUA_DIR / f"{name}.lua").read_text())
+
+
 @dataclass(frozen=True)
 class Entry:
     """A URL waiting in (or claimed from) the frontier.

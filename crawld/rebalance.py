@@ -96,54 +96,19 @@ from urllib.parse import urlsplit
 import redis
 
 from . import dedup, keys
-from .config import ConfigError, CrawlConfig
+from .config import CrawlConfig
 from .crawls import load_crawl
-from .frontier import Frontier
+from .frontier import Frontier, register_plain_script
 from .scope import Router
 from .sharding import key_slot, politeness_key, shard_for, shard_of_slot
 
 SEP = b"\x1f"
 
+#: the scripts of crawld/lua/ the rebalancer runs
+LUA_SCRIPTS = ("crawl_state", "rebalance_start", "fold_stats", "lock_renew", "lock_release")
+
 #: hashes keyed by politeness key that move with it (``inflight`` is dropped)
 PKEY_HASHES = ("gcra", "rates", "fails", "parked")
-
-#: sets a crawl's state unless it is cancelled; returns the state before
-_SET_STATE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == 'cancelled' then return cur end
-redis.call('SET', KEYS[1], ARGV[1])
-return cur or 'active'
-"""
-
-
-#: renews a lock held by ARGV[1] for ARGV[2] ms; 1 if held, else 0
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-#: deletes a lock held by ARGV[1]
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-#: creates the progress hash KEYS[1] from ARGV (field, value pairs) in one
-#: step unless it exists; 1 if created
-_START = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
-
-#: adds counters (ARGV[2..]: field, value pairs) to the hash KEYS[1] unless
-#: its mark field ARGV[1] is set; sets the mark
-_FOLD_STATS = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], 1) == 0 then return 0 end
-for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
-return 1
-"""
 
 
 class RebalanceError(RuntimeError):
@@ -211,6 +176,7 @@ class Rebalancer:
         self._renew_n = 0  # the renewer keeps the leases of shards below this
         self._lock_lost = False
         self._owner = ""
+        self._lua = {name: register_plain_script(client, name) for name in LUA_SCRIPTS}
 
     def _progress(self) -> dict[str, str]:
         return {_d(k): _d(v) for k, v in self.client.hgetall(self.pkey_).items()}
@@ -251,7 +217,7 @@ class Rebalancer:
         finally:
             self._stop.set()
             renewer.join()
-            self.client.eval(_UNLOCK, 1, keys.crawl_rebalance_lock(self.cid), self._owner)
+            self._lua["lock_release"](keys=[keys.crawl_rebalance_lock(self.cid)], args=[self._owner])
 
     def _run(self, prog: dict[str, str], old: int, new_config: CrawlConfig) -> dict[str, Any]:
         if not prog:
@@ -262,11 +228,11 @@ class Rebalancer:
             epoch = int(self.client.get(keys.crawl_epoch(self.cid)) or 0) + 1
             start = {"to": self.to, "from": old, "token": f"rebalance:{uuid.uuid4().hex[:12]}",
                      "prev_state": state, "epoch": epoch, "phase": "waiting"}
-            if not self.client.eval(_START, 1, self.pkey_, *(x for kv in start.items() for x in kv)):
+            if not self._lua["rebalance_start"](keys=[self.pkey_], args=[x for kv in start.items() for x in kv]):
                 raise RebalanceError(f"crawl {self.cid}: another rebalance started meanwhile")
             prog = self._progress()
         self.token, self.epoch = prog["token"], int(prog["epoch"])
-        before = _d(self.client.eval(_SET_STATE, 1, keys.crawl_state(self.cid), "rebalancing"))
+        before = _d(self._lua["crawl_state"](keys=[keys.crawl_state(self.cid)], args=["rebalancing"]))
         if before == "cancelled":
             self.client.delete(self.pkey_)
             raise RebalanceError(f"crawl {self.cid} is cancelled; it cannot be rebalanced")
@@ -390,7 +356,7 @@ class Rebalancer:
         lock = keys.crawl_rebalance_lock(self.cid)
         while not self._stop.wait(self.lease_ttl_s / 3.0):
             try:
-                if not self.client.eval(_RENEW, 1, lock, self._owner, int(self.lease_ttl_s * 1000)):
+                if not self._lua["lock_renew"](keys=[lock], args=[self._owner, int(self.lease_ttl_s * 1000)]):
                     self._lock_lost = True
             except redis.RedisError:
                 pass
@@ -510,7 +476,7 @@ class Rebalancer:
                         args += [k, int(v)]
                     except ValueError:
                         pass
-            c.eval(_FOLD_STATS, 1, dst_keys[0].stats, *args)
+            self._lua["fold_stats"](keys=[dst_keys[0].stats], args=args)
         if gone:
             self.log(f"shard {src}: moved {sum(len(v) for v in by_dst_q.values())} queued URL(s) of "
                      f"{len(gone)} domain(s)")

@@ -287,14 +287,15 @@ def test_a_removed_shards_counters_are_folded_once_even_when_rerun(rds):
     """The fold of a removed shard's counters into shard 0's is marked in
     the same script, so a rebalance killed after it and re-run does not
     count them twice (crawlctl verify would then FAIL visited_vs_rows)."""
-    from crawld.rebalance import _FOLD_STATS
+    from crawld.frontier import register_plain_script
 
+    fold = register_plain_script(rds, "fold_stats")
     key = keys.shard_keys("fold", 0).stats
     rds.hset(key, mapping={"acked": 5})
     for _ in range(2):
-        rds.eval(_FOLD_STATS, 1, key, "folded:3:1", "acked", 20, "rows_fetched", 18)
+        fold(keys=[key], args=["folded:3:1", "acked", 20, "rows_fetched", 18])
     assert rds.hget(key, "acked") == b"25" and rds.hget(key, "rows_fetched") == b"18"
-    rds.eval(_FOLD_STATS, 1, key, "folded:3:2", "acked", 1)  # the same shard removed again later
+    fold(keys=[key], args=["folded:3:2", "acked", 1])  # the same shard removed again later
     assert rds.hget(key, "acked") == b"26"
 
 
