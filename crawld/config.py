@@ -46,6 +46,11 @@ class ConfigError(ValueError):
     """An invalid setting; ``str(err)`` is ``"<setting>: <what is wrong>"``."""
 
 
+class OutdatedConfig(ConfigError):
+    """A stored crawl config of an older schema this crawld cannot serve;
+    the message names the crawl and what to do."""
+
+
 @dataclass(frozen=True)
 class Setting:
     """One documented crawl setting."""
@@ -388,7 +393,7 @@ class CrawlConfig:
         version = data.get("version", CONFIG_VERSION)
         if version == 1:
             cid = data.get("crawl_id", "?")
-            raise ConfigError(f"version: crawl {cid} was created by an older crawld (config schema 1) that sharded "
+            raise OutdatedConfig(f"version: crawl {cid} was created by an older crawld (config schema 1) that sharded "
                               f"URLs otherwise; finish it with that crawld, or delete it (crawlctl purge "
                               f"--crawl-id {cid} --force)")
         if version != CONFIG_VERSION:

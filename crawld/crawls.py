@@ -13,7 +13,7 @@ import dataclasses
 import redis
 
 from . import keys
-from .config import ConfigError, CrawlConfig
+from .config import ConfigError, CrawlConfig, OutdatedConfig
 from .frontier import Entry, Frontier, PushItem
 from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
@@ -81,9 +81,9 @@ def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
         raise NoSuchCrawl(f"crawl_id: no crawl {crawl_id!r} in this Redis ('crawlctl list' shows its crawls)")
     try:
         return CrawlConfig.from_json(raw)
+    except OutdatedConfig:
+        raise  # it names the crawl and what to do
     except ConfigError as exc:
-        if "crawlctl purge" in str(exc):  # it says what to do already
-            raise
         raise ConfigError(f"crawl {crawl_id}: its stored {exc} ('crawlctl purge --crawl-id {crawl_id} --force' "
                           "deletes what is left of it)") from None
 

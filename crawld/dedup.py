@@ -15,16 +15,14 @@ enqueue.  The crawl setting ``dedup`` picks the backend:
     alone decides the key's shard under any shard count).  So every entry
     says which shard its domain belongs to, and ``crawlctl rebalance``
     moves exactly the entries of the domains that change shard
-    (:func:`split_members`).  Redis keeps a set of integers with at most
-    ``set-max-intset-entries`` (512 by default) members as an *intset*, a
-    sorted array of 8-byte integers here (Redis documentation, "Memory
-    optimization"), instead of a hash table of strings (~50-70 bytes per
-    member): about 9 bytes per URL in all (``bench/dedup.py``).  A
-    structure laid out before slots were kept (no ``slot`` field in its
-    layout hash) holds ``remainder - 2^31`` (4-byte entries) and is still
-    read and written so.  ``bits`` is the smallest number making the expected entries
-    per bucket ``ceil(expected_urls / num_shards) / 2^bits`` at most
-    :data:`BUCKET_TARGET` (256), so every bucket stays an intset until the
+    (:mod:`crawld.rebalance`, :func:`member_slot`).  Redis keeps a set of
+    integers with at most ``set-max-intset-entries`` (512 by default)
+    members as an *intset*, a sorted array of 8-byte integers here (Redis
+    documentation, "Memory optimization"), instead of a hash table of
+    strings (~50-70 bytes per member): about 9 bytes per URL in all
+    (``bench/dedup.py``).  ``bits`` is the smallest number making the
+    expected entries per bucket ``ceil(expected_urls / num_shards) /
+    2^bits`` at most :data:`BUCKET_TARGET` (256), so every bucket stays an intset until the
     shard holds about twice its expected URLs (a Poisson bucket of mean 256
     passes 512 with probability ~1e-40).
     Two URLs are confused when their fingerprints agree on those
@@ -64,8 +62,8 @@ site) fills that shard's structure faster: set ``expected_urls`` to about
 
 Each structure's parameters are recorded in Redis, in the hash at the
 structure's own key (``seen`` / ``skipseen``: fields ``b`` = ``set``,
-``lua`` or ``bf``, ``bits``, ``slot`` = 1, ``m``, ``k``, ``cap``, ``p``,
-and ``n`` = fingerprints added), by the first push that uses it, and read back by every
+``lua`` or ``bf``, ``bits``, ``m``, ``k``, ``cap``, ``p``, and ``n`` =
+fingerprints added), by the first push that uses it, and read back by every
 later push: a shard's layout never changes during a crawl, whatever the
 ``Frontier`` that pushes passes.  Its data keys carry the shard's hash tag
 (same Redis Cluster slot): ``<key>:<bucket>`` (redis_set), ``<key>:bits``
@@ -172,18 +170,16 @@ def words(fp: bytes) -> tuple[int, int]:
     return int.from_bytes(fp[:4], "big"), int.from_bytes(fp[4:], "big")
 
 
-def bucket_and_member(fp: bytes, bits: int, pkey: str | None = None) -> tuple[int, int]:
-    """redis_set: the bucket number and the intset member of ``fp``, the
-    URL's fingerprint, in a structure with ``bits`` bucket bits: with
-    ``pkey`` (its politeness key) the member is ``slot * 2^32 + low 32
-    bits``; without, the layout from before slots (``low 32 bits - 2^31``)."""
+def bucket_and_member(fp: bytes, bits: int, pkey: str) -> tuple[int, int]:
+    """redis_set: the bucket number (top ``bits`` bits of ``fp``, the URL's
+    fingerprint) and the intset member (``slot * 2^32 + low 32 bits``,
+    ``slot`` that of ``pkey``, its politeness key)."""
     hi, lo = words(fp)
-    bucket = hi >> (32 - bits) if bits else 0
-    return bucket, (lo - (1 << 31) if pkey is None else (key_slot(pkey) << 32) | lo)
+    return (hi >> (32 - bits) if bits else 0), (key_slot(pkey) << 32) | lo
 
 
 def member_slot(member: int) -> int:
-    """The politeness-key slot kept in a redis_set member (slot layout)."""
+    """The politeness-key slot kept in a redis_set member."""
     return int(member) >> 32
 
 
@@ -216,7 +212,7 @@ def contains(client: redis.Redis, crawl_id: str, shard: int, structure: str, fp:
     if b == "plain":
         return bool(client.sismember(key, fp))
     if b == "set":
-        bucket, member = bucket_and_member(fp, int(meta["bits"]), pkey if meta.get("slot") == "1" else None)
+        bucket, member = bucket_and_member(fp, int(meta["bits"]), pkey)
         return bool(client.sismember(f"{key}:{bucket}", member))
     if b == "bf":
         return bool(client.execute_command("BF.EXISTS", f"{key}:bf", fp))

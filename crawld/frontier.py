@@ -40,7 +40,6 @@ import redis
 from . import dedup, keys
 from .config import CrawlConfig
 from .redisconn import is_cluster
-from .dedup import tagged_fingerprint
 
 #: schema version of entry payloads.
 ENTRY_VERSION = 1
@@ -249,7 +248,7 @@ class Frontier:
         """
         args: list[Any] = [self.config.max_pages_per_host, self.config.max_query_variants, self._dedup_spec]
         for it in items:
-            args += (tagged_fingerprint(it.fp, it.pkey), *it[1:])
+            args += (dedup.tagged_fingerprint(it.fp, it.pkey), *it[1:])
         if len(args) == 3:
             return (0, 0, 0)
         r = self._run("push", shard, args, client)

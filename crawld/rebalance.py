@@ -62,9 +62,8 @@ with the same count resumes an interrupted one):
    moves keys only to shards n..m-1, shrinking only moves keys of shards
    >= m).  OR-ing fills the target more (a higher false-positive rate, see
    crawld.dedup); filters of different sizes, or RedisBloom filters, are
-   refused up front with a one-line error.  A ``redis_set`` crawl laid out
-   before slots were kept in entries is handled like a Bloom crawl (its
-   sets copied whole, re-bucketed).
+   refused up front with a one-line error, as are plain sets (a crawl laid
+   out before the dedup backends).
 4. The config (``num_shards``) is stored, then the crawl's generation
    (:func:`crawld.keys.crawl_epoch`) incremented, removed shards' keys
    deleted, the leases released and the state set back to what it was,
@@ -203,11 +202,9 @@ class Rebalancer:
         # new shard creates match the ones copied or kept
         per = dedup.per_shard(config.expected_urls, config.num_shards)
         new_config = config.replace(num_shards=self.to, expected_urls=per * self.to)  # ConfigError: overrides
-        self.old, self.new_config = old, new_config
-        self.config = config.replace(num_shards=old)
+        self.old, self.new_config, self.config = old, new_config, config
         self.all = max(old, self.to)
         self.fr = Frontier(self.client, config.replace(num_shards=self.all))
-        self.slotted = self._slotted()
         self._lock()
         self._stop.clear()
         renewer = threading.Thread(target=self._renew, daemon=True)
@@ -263,6 +260,8 @@ class Rebalancer:
             self._renew_n = self.to
         for s in range(self.to, old):
             self._delete_shard(s)
+        with self._renew_lock:  # none is renewed (taken again) after its release
+            self._renew_n = 0
         for s in range(self.to):
             self.fr.release(s, self.token)
         state = self._prev_state(prog)
@@ -294,26 +293,17 @@ class Rebalancer:
                                  f"{self.lease_ttl_s:g}s?); re-run to resume")
 
     # -- steps -----------------------------------------------------------------
-    def _slotted(self) -> bool:
-        """Whether every visited structure of the crawl keeps slots in its
-        entries (a ``redis_set`` crawl laid out since they do)."""
-        if self.config.dedup != "redis_set":
-            return False
-        for s in range(self.all):
-            for st in dedup.STRUCTURES:
-                key = getattr(keys.shard_keys(self.cid, s), st)
-                if _d(self.client.type(key)) == "set":
-                    return False
-                meta = self.client.hmget(key, "b", "slot")
-                if meta[0] is not None and (_d(meta[0]) != "set" or meta[1] is None):
-                    return False
-        return True
-
     def _check_dedup(self) -> None:
-        if self.config.dedup != "redis_bloom":
-            return
+        """Refuse up front what cannot be moved: RedisBloom filters, Bloom
+        filters of different sizes, and plain sets (a crawl laid out before
+        the dedup backends)."""
         for st in dedup.STRUCTURES:
             ls = [i for s in range(self.all) if (i := dedup.info(self.client, self.cid, s, st))]
+            if any(i["backend"] == "plain" for i in ls):
+                raise RebalanceError(f"crawl {self.cid}: its visited sets are laid out as before the dedup "
+                                     "backends; it cannot be rebalanced")
+            if self.config.dedup != "redis_bloom":
+                continue
             if any(i["backend"] == "bf" for i in ls):
                 raise RebalanceError(f"crawl {self.cid}: RedisBloom filters cannot be merged; a redis_bloom "
                                      "crawl on RedisBloom cannot be rebalanced")
@@ -381,7 +371,7 @@ class Rebalancer:
         # 0. visited state first: what the targets must know before any of
         #    the source's domains is served there
         for st in dedup.STRUCTURES:
-            if self.slotted:
+            if self.config.dedup == "redis_set":
                 flag = f"dedup:{src}:{st}"
                 if not c.hget(self.pkey_, flag):
                     self._move_visited(src, getattr(sk, st), {d: getattr(k, st) for d, k in dst_keys.items()})
@@ -390,7 +380,7 @@ class Rebalancer:
             for dst in target_shards(src, self.old, self.to):
                 flag = f"dedup:{src}:{dst}:{st}"
                 if not c.hget(self.pkey_, flag):
-                    self._copy_dedup(getattr(sk, st), getattr(dst_keys[dst], st))
+                    self._copy_bloom(getattr(sk, st), getattr(dst_keys[dst], st))
                     c.hset(self.pkey_, flag, 1)
         moved: dict[str, int] = {}
 
@@ -564,67 +554,33 @@ class Rebalancer:
             self.log(f"shard {src}: moved {removed} visited entr{'y' if removed == 1 else 'ies'} of "
                      f"{src_key.rsplit(':', 1)[-1]} to {len(added)} shard(s)")
 
-    def _copy_dedup(self, src: str, dst: str) -> None:
-        """Add every fingerprint of structure ``src`` to ``dst`` (see the
-        module: re-bucketed sets, copied or OR-ed Bloom bitmaps)."""
+    def _copy_bloom(self, src: str, dst: str) -> None:
+        """Copy the Lua Bloom filter ``src`` to ``dst``, or OR it into the
+        filter of the same size there (see the module)."""
         c = self.client
-        stype = _d(c.type(src))
-        if stype == "none":
-            return
-        if stype == "set":  # a crawl from before the dedup backends: plain sets
-            batch = []
-            for m in c.sscan_iter(src, count=1000):
-                batch.append(m)
-                if len(batch) >= 1000:
-                    c.sadd(dst, *batch)
-                    batch = []
-            if batch:
-                c.sadd(dst, *batch)
-            return
         meta = {_d(k): _d(v) for k, v in c.hgetall(src).items()}
+        if not meta:
+            return
         dmeta = {_d(k): _d(v) for k, v in c.hgetall(dst).items()}
-        b = meta.get("b")
-        if b == "set":
-            bs = int(meta["bits"])
-            if not dmeta:
-                c.hset(dst, mapping={k: v for k, v in meta.items() if k in ("b", "bits", "slot")} | {"n": 0})
-                bd = bs
-            else:
-                bd = int(dmeta["bits"])
-            added = 0
-            for bucket in range(1 << bs):
-                members = list(c.sscan_iter(f"{src}:{bucket}", count=1000))
-                if not members:
-                    continue
-                if bd <= bs:
-                    targets = [bucket >> (bs - bd)]
-                else:
-                    targets = [(bucket << (bd - bs)) | j for j in range(1 << (bd - bs))]
-                for t in targets:
-                    for i in range(0, len(members), 1000):
-                        added += c.sadd(f"{dst}:{t}", *members[i:i + 1000])
-            if added:
-                c.hincrby(dst, "n", added)
-        elif b == "lua":
-            m = int(meta["m"])
-            nbytes = (m + 7) // 8
-            if not dmeta:
-                c.hset(dst, mapping={k: v for k, v in meta.items()})
-                c.setrange(f"{dst}:bits", nbytes - 1, b"\0")
-            elif (dmeta.get("m"), dmeta.get("k")) != (meta.get("m"), meta.get("k")):
-                raise RebalanceError(f"Bloom filters {src} and {dst} differ in size; they cannot be merged")
-            else:
-                c.hincrby(dst, "n", int(meta.get("n", 0)))
-            chunk = 1 << 20
-            for off in range(0, nbytes, chunk):
-                a = c.getrange(f"{src}:bits", off, off + chunk - 1)
-                if not a.strip(b"\0"):
-                    continue
-                old = c.getrange(f"{dst}:bits", off, off + len(a) - 1)
-                merged = (int.from_bytes(a, "big") | int.from_bytes(old.ljust(len(a), b"\0"), "big"))
-                c.setrange(f"{dst}:bits", off, merged.to_bytes(len(a), "big"))
+        if meta.get("b") != "lua":  # _check_dedup refused the others up front
+            raise RebalanceError(f"dedup structure {src} ({meta.get('b')}) cannot be copied")
+        m = int(meta["m"])
+        nbytes = (m + 7) // 8
+        if not dmeta:
+            c.hset(dst, mapping=meta)
+            c.setrange(f"{dst}:bits", nbytes - 1, b"\0")
+        elif (dmeta.get("m"), dmeta.get("k")) != (meta.get("m"), meta.get("k")):
+            raise RebalanceError(f"Bloom filters {src} and {dst} differ in size; they cannot be merged")
         else:
-            raise RebalanceError(f"dedup structure {src} ({b}) cannot be copied")
+            c.hincrby(dst, "n", int(meta.get("n", 0)))
+        chunk = 1 << 20
+        for off in range(0, nbytes, chunk):
+            a = c.getrange(f"{src}:bits", off, off + chunk - 1)
+            if not a.strip(b"\0"):
+                continue
+            old = c.getrange(f"{dst}:bits", off, off + len(a) - 1)
+            merged = (int.from_bytes(a, "big") | int.from_bytes(old.ljust(len(a), b"\0"), "big"))
+            c.setrange(f"{dst}:bits", off, merged.to_bytes(len(a), "big"))
 
     def _delete_shard(self, s: int) -> None:
         pattern = keys.shard_tag(self.cid, s)  # braces are literal in a SCAN pattern

@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                 raw = client.get(keys.crawl_config(cid))
                 if raw is None:
                     continue
+                config = CrawlConfig.from_json(raw)
                 f = frontiers.get(cid)
-                if f is None or f.config.num_shards != CrawlConfig.from_json(raw).num_shards:
-                    f = frontiers[cid] = Frontier(client, CrawlConfig.from_json(raw))
+                if f is None or f.config.num_shards != config.num_shards:
+                    f = frontiers[cid] = Frontier(client, config)
                 if args.interval is None:
                     interval = min(interval, max(f.config.visibility_timeout_s / 4.0, 0.1))
                 requeued, dead = reclaim_pass(f)

@@ -38,7 +38,6 @@ directory) and what went wrong; the CLI prints it and exits with
 from __future__ import annotations
 
 import abc
-
 import contextlib
 import os
 import shutil

@@ -27,7 +27,7 @@
 -- Cluster slot as every declared key.  A seen/skipseen that is a plain set
 -- (a crawl created before the dedup backends) is used as such.
 local function dd_open(key)
-  local meta = redis.pcall('HMGET', key, 'b', 'bits', 'm', 'k', 'slot')
+  local meta = redis.pcall('HMGET', key, 'b', 'bits', 'm', 'k')
   if meta.err then
     return {b = 'plain', key = key, added = 0}
   end
@@ -36,8 +36,8 @@ local function dd_open(key)
     local w = {}
     for x in string.gmatch(ARGV[6], '%S+') do w[#w + 1] = x end
     if w[1] == 'set' then
-      redis.call('HSET', key, 'b', 'set', 'bits', w[2], 'slot', 1, 'n', 0)
-      meta = {'set', w[2], false, false, '1'}
+      redis.call('HSET', key, 'b', 'set', 'bits', w[2], 'n', 0)
+      meta = {'set', w[2]}
     else
       local m, k, cap, p = w[2], w[3], w[4], w[5]
       local probe = redis.pcall('BF.EXISTS', key .. ':bf', '')
@@ -54,7 +54,7 @@ local function dd_open(key)
     end
   end
   return {b = meta[1], key = key, bits = tonumber(meta[2]), m = tonumber(meta[3]), k = tonumber(meta[4]),
-    slot = meta[5] == '1', added = 0}
+    added = 0}
 end
 
 -- high and low 32 bits of a 64-bit fingerprint (exact in Lua's doubles)
@@ -66,13 +66,10 @@ end
 
 -- redis_set: bucket = top `bits` bits of the fingerprint, member = slot *
 -- 2^32 + its low 32 bits (a 48-bit integer: the bucket's intset keeps
--- 8-byte entries, and each entry says which shard its domain belongs to).
--- A structure laid out before slots were kept (no 'slot' field) keeps its
--- members as low 32 bits - 2^31 (4-byte entries).
+-- 8-byte entries, and each entry says which shard its domain belongs to)
 local function dd_bucket(d, fp)
   local hi, lo = fp_words(fp)
   local bucket = d.key .. ':' .. string.format('%d', math.floor(hi / 2 ^ (32 - d.bits)))
-  if not d.slot then return bucket, string.format('%d', lo - 2147483648) end
   local s1, s2 = string.byte(fp, 9, 10)
   return bucket, string.format('%d', ((s1 or 0) * 256 + (s2 or 0)) * 4294967296 + lo)
 end
