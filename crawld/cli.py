@@ -230,7 +230,7 @@ def cmd_seed(args) -> int:
     data = {**defaults, "crawl_id": args.crawl_id, "seeds": seeds, "output": output, **_crawl_settings(args)}
     config = _with_family(CrawlConfig.from_dict(data))
     client = _client(args)
-    create_crawl(client, config)
+    create_crawl(client, config, seeds)
     n = seed(client, config, seeds)
     print(f"crawl {config.crawl_id}: {n} new seed(s) queued across {config.num_shards} shard(s)")
     loopback = _loopback_seeds(config, seeds)
@@ -491,6 +491,13 @@ def cmd_purge(args) -> int:
             if not held or time.monotonic() >= deadline:
                 break
             time.sleep(0.25)
+    if config is not None:
+        # in-flight slots are shared with the other crawls of a domain: a
+        # claim left behind would lower their cap for good
+        fr = Frontier(client, config)
+        for s in range(config.num_shards):
+            while fr.abandon(s) >= 1000:
+                pass
     deleted = 0
     for _ in range(3):  # again if a late writer recreated a key meanwhile
         n = _unlink_matching(client, keys.crawl_patterns(cid))

@@ -30,8 +30,11 @@ from .urls import valid_host
 #: by the 16-bit slot of their registered domain (crawld.sharding); a crawl
 #: stored with schema 1 was sharded by the full 64-bit hash, so this crawld
 #: would send its URLs to other shards than the ones holding their queues
-#: and visited state: it is refused, not served.
-CONFIG_VERSION = 2
+#: and visited state: it is refused, not served.  3: a shard's keys are
+#: hash-tagged by the shard number and a domain's politeness state is
+#: shared by every crawl (crawld.keys); a schema-2 crawl keeps its queues
+#: and politeness state under other keys: it is refused too.
+CONFIG_VERSION = 3
 
 #: query parameters removed during canonicalisation by default: the common
 #: campaign-tracking parameters (Google Analytics ``utm_*``, Google Ads,
@@ -236,9 +239,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_redirects", "hops", "longest redirect chain followed from one URL", number_check(0, 100, True)),
     Setting("visibility_timeout_s", "s", "a claim not acked or extended within this is reclaimed", number_check(1, 86400)),
     Setting("max_attempts", "attempts", "claims of one URL before it is dead-lettered", number_check(1, 100, True)),
+    Setting("max_deferrals", "times", "times a URL may be put back without spending an attempt (429, 503, a "
+            "connection that could not be made); later ones count as attempts", number_check(0, 10000, True)),
     Setting("backoff_base_s", "s", "first per-host backoff after a 5xx, 429 or connection error; doubles per failure", number_check(0, 3600)),
     Setting("backoff_max_s", "s", "ceiling of the per-host backoff (before jitter)", number_check(0, 86400)),
-    Setting("host_max_failures", "failures", "failures in a row after which a host is parked (its URLs recorded, not fetched)", number_check(1, 1000, True)),
+    Setting("host_max_failures", "failures", "failures in a row (5xx, connection errors, time-outs) after which a "
+            "host is probed with one request at a time, still backing off", number_check(1, 1000, True)),
+    Setting("host_give_up_s", "s", "a host failing in a row for this long (from its first failure) is given up for as "
+            "long: its URLs are recorded as host_parked, not fetched (0 = never)", number_check(0, 86400 * 7)),
     Setting("max_retry_after_s", "s", "a Retry-After longer than this parks the host", number_check(0, 86400 * 7)),
     Setting("robots_ttl_s", "s", "how long a fetched robots.txt is trusted before it is fetched again", number_check(1, 86400 * 30)),
     Setting("robots_retry_s", "s", "wait before fetching a robots.txt again after a 5xx or time-out (host disallowed meanwhile)", number_check(0.1, 86400)),
@@ -297,9 +305,11 @@ class CrawlConfig:
     max_redirects: int = 10
     visibility_timeout_s: float = 120.0
     max_attempts: int = 3
+    max_deferrals: int = 50
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
     host_max_failures: int = 10
+    host_give_up_s: float = 1800.0
     max_retry_after_s: float = 3600.0
     robots_ttl_s: float = 86400.0
     robots_retry_s: float = 60.0
@@ -391,11 +401,12 @@ class CrawlConfig:
         if not isinstance(data, dict):
             raise ConfigError("config: must be a JSON object")
         version = data.get("version", CONFIG_VERSION)
-        if version == 1:
+        if version in (1, 2):
             cid = data.get("crawl_id", "?")
-            raise OutdatedConfig(f"version: crawl {cid} was created by an older crawld (config schema 1) that sharded "
-                              f"URLs otherwise; finish it with that crawld, or delete it (crawlctl purge "
-                              f"--crawl-id {cid} --force)")
+            how = "sharded URLs otherwise" if version == 1 else "kept its queues and politeness state under other keys"
+            raise OutdatedConfig(f"version: crawl {cid} was created by an older crawld (config schema {version}) that "
+                                 f"{how}; finish it with that crawld, or delete it (crawlctl purge "
+                                 f"--crawl-id {cid} --force)")
         if version != CONFIG_VERSION:
             raise ConfigError(f"version: config schema {version} is not supported by crawld {__version__}")
         return cls.from_dict(data)

@@ -9,6 +9,7 @@ routed to the shard of their registered domain, deduplicated.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import redis
 
@@ -17,7 +18,8 @@ from .config import ConfigError, CrawlConfig, OutdatedConfig
 from .frontier import Entry, Frontier, PushItem
 from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
-from .scope import Router, variant_key
+from .scope import Router, scope_keys, variant_key
+from .sharding import shard_for
 from .urls import BadURL, canonicalize, fingerprint, without_userinfo
 
 
@@ -47,14 +49,126 @@ def check_seeds(seeds: list[str]) -> list[str]:
     return out
 
 
-def create_crawl(client: redis.Redis, config: CrawlConfig) -> None:
-    """Store ``config`` and register the crawl.
+class SharedDomainConflict(ConfigError):
+    """Another live crawl routes a domain of this crawl's scope to another
+    shard number: the two could not share the domain's politeness state
+    (crawld.keys), so this crawl is refused; the message names the crawl
+    and what to do."""
+
+
+def scope_domains(config: CrawlConfig, seeds: list[str] | tuple[str, ...] = ()) -> set[str]:
+    """The registered domains ``seeds`` (and ``config``'s own seeds and
+    ``allow_domains``) put in scope.
+
+    Raises:
+        BadURL: a seed is not a crawlable URL.
+    """
+    out = set(scope_keys(config))
+    router = Router(config)
+    for u in seeds:
+        canon = router.canonical(u)
+        if canon is None:
+            raise BadURL(f"seed {u!r}: not a crawlable URL")
+        out.add(router.route(canon).pkey)
+    return out
+
+
+def load_scope(client: redis.Redis, crawl_id: str) -> set[str]:
+    """The registered domains recorded in a crawl's scope set."""
+    return {m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.crawl_scope(crawl_id))}
+
+
+def _idle(client: redis.Redis, config: CrawlConfig) -> bool:
+    frontier = Frontier(client, config)
+    return all(frontier.snapshot(s).idle for s in range(config.num_shards))
+
+
+def record_scope(client: redis.Redis, config: CrawlConfig, domains: set[str], *, lock_ttl_s: float = 30.0,
+                 then=None) -> int:
+    """Add ``domains`` to the crawl's scope set, once no other live crawl
+    routes one of them to another shard number; returns how many were new.
+
+    Every crawl keeps a domain's queues on the shard number its own routing
+    gives (``num_shards``, ``shard_overrides``) and shares the domain's
+    politeness state on that shard with the other crawls; two crawls that
+    route a shared domain differently would each have their own, so the
+    domain would get both crawls' rates.  A crawl with nothing queued or
+    claimed does not count (it fetches nothing); a cancelled one neither.
+    The check and the write are serialised by :data:`crawld.keys.SCOPE_LOCK`;
+    ``then()``, if given, runs under it between the two (creating the crawl).
+
+    Raises:
+        SharedDomainConflict: naming the other crawl, the domain and both
+            routings.
+    """
+    lock = keys.SCOPE_LOCK
+    token = f"{config.crawl_id}:{id(domains)}:{time.time()}"
+    deadline = time.monotonic() + lock_ttl_s
+    while not client.set(lock, token, nx=True, px=int(lock_ttl_s * 1000)):
+        if time.monotonic() >= deadline:
+            break  # a holder that died: its TTL is about to end anyway
+        time.sleep(0.05)
+    try:
+        check_shared_routing(client, config, domains)
+        if then is not None:
+            then()
+        added = client.sadd(keys.crawl_scope(config.crawl_id), *domains) if domains else 0
+        return int(added)
+    finally:
+        if client.get(lock) == token.encode():
+            client.delete(lock)
+
+
+def check_shared_routing(client: redis.Redis, config: CrawlConfig, domains: set[str]) -> None:
+    """Refuse ``config`` if another live crawl routes one of ``domains`` to
+    another shard number (see :func:`record_scope`).
+
+    Raises:
+        SharedDomainConflict: naming the other crawl and the domain.
+    """
+    mine = config.shard_override_map
+    for raw in sorted(client.smembers(keys.CRAWLS)):
+        other_id = raw.decode() if isinstance(raw, bytes) else raw
+        if other_id == config.crawl_id:
+            continue
+        if (client.get(keys.crawl_state(other_id)) or b"") == b"cancelled":
+            continue
+        try:
+            other = load_crawl(client, other_id)
+        except ConfigError:
+            continue
+        if other.num_shards == config.num_shards and other.shard_overrides == config.shard_overrides:
+            continue  # the same routing for every domain
+        shared = domains & (load_scope(client, other_id) | set(scope_keys(other)))
+        theirs = other.shard_override_map
+        clash = [d for d in sorted(shared)
+                 if shard_for(d, config.num_shards, mine) != shard_for(d, other.num_shards, theirs)]
+        if clash and not _idle(client, other):
+            d = clash[0]
+            more = f" (and {len(clash) - 1} more domain(s))" if len(clash) > 1 else ""
+            raise SharedDomainConflict(
+                f"num_shards: crawl {other_id} is crawling {d}{more} on shard "
+                f"{shard_for(d, other.num_shards, theirs)} of {other.num_shards}, this crawl would put it on "
+                f"shard {shard_for(d, config.num_shards, mine)} of {config.num_shards}; a domain's politeness "
+                f"state is shared by every crawl on one shard number, so use --shards {other.num_shards} "
+                f"(and the same shard_overrides), or wait until crawl {other_id} is finished or cancelled")
+
+
+def create_crawl(client: redis.Redis, config: CrawlConfig, seeds: list[str] | tuple[str, ...] = ()) -> None:
+    """Store ``config``, record its scope (its own seeds', ``allow_domains``
+    and those of ``seeds``: :func:`record_scope`) and register the crawl.
 
     Storing the same settings again (``created_at`` aside) is a no-op.
 
     Raises:
         CrawlExists: the crawl id is taken by a crawl with other settings.
+        SharedDomainConflict: see :func:`record_scope`.
+        BadURL: a seed is not a crawlable URL.
     """
+    record_scope(client, config, scope_domains(config, seeds), then=lambda: _store_config(client, config))
+
+
+def _store_config(client: redis.Redis, config: CrawlConfig) -> None:
     key = keys.crawl_config(config.crawl_id)
     if not client.set(key, config.to_json(), nx=True):
         existing = client.get(key)
@@ -89,9 +203,15 @@ def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
 
 
 def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
-    """Push ``urls`` at depth 0; returns how many were new."""
+    """Push ``urls`` at depth 0, their registered domains recorded in the
+    crawl's scope first (:func:`record_scope`); returns how many were new.
+
+    Raises:
+        BadURL, SharedDomainConflict.
+    """
     frontier = Frontier(client, config)
     router = Router(config)
+    record_scope(client, config, scope_domains(config, urls))
     by_shard: dict[int, list] = {}
     for u in urls:
         canon = router.canonical(u)

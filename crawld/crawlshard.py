@@ -18,6 +18,7 @@ claims next; this module says what happens to each claimed URL:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import defaultdict
@@ -28,16 +29,20 @@ import redis
 
 from . import keys, logs, metrics
 from .config import CrawlConfig
+from .crawls import load_scope
 from .extract import HTML_TYPES, parse_content_type, parse_html
 from .fetcher import FetchResult, fetch, make_session
 from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem, StaleConfig
 from .links import LinkPlanner, Push, origin_of, robots_directives
 from .netpolicy import AddressPolicy
-from .outcomes import host_report, retry_url
+from .outcomes import DEFER, RECORD, disposition, host_report
 from .ratecheck import LiveAudit
 from .output import PartWriter
 from .storage import is_remote, open_storage, part_key, recover_spool, spool_dir
-from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, agent_token
+from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, RobotsFetch, agent_token
+
+#: redirects followed when fetching a robots.txt (RFC 9309 section 2.3.1.2)
+ROBOTS_MAX_REDIRECTS = 5
 from .rows import REDIRECT_STATUSES, make_row, outcome_of_mode
 
 #: the ``error`` of a link recorded instead of queued while Redis memory is
@@ -82,12 +87,15 @@ class CrawlShard:
         self.leased = False
         self._lease_known = False
         self.frontier = Frontier(client, config)
-        self.router = Router(config)
+        scope = load_scope(client, config.crawl_id)
+        self.scope_size = len(scope)
+        self.router = Router(config, scope=scope)
         self.session = make_session(config, concurrency, proxy)
         self.policy = AddressPolicy(config.allow_loopback, config.allow_private_networks)
         self.agent = agent_token(config.user_agent)
-        self.robots = RobotsCache(client, keys.shard_keys(config.crawl_id, shard).robots, self.agent,
-                                  config.robots_ttl_s, config.robots_retry_s, self._fetch_robots)
+        self.robots = RobotsCache(client, self._robots_key, self.agent, config.robots_ttl_s,
+                                  config.robots_retry_s, self._fetch_robots, self._robots_lock,
+                                  on_cut=self._robots_cut)
         self.links = LinkPlanner(config, self.router, self._robots_allows)
         self.shipper = shipper
         self.spool = spool_dir() if spool is None else spool
@@ -116,7 +124,7 @@ class CrawlShard:
             "FETCH_SECONDS", "RESPONSE_BYTES", "LINKS_DISCOVERED", "LINKS_PUSHED", "LINKS_QUEUED",
             "DEDUP_HITS", "CLAIMS", "ACKS", "NACKS", "ROBOTS_BLOCKS", "RATE_LIMIT_WAITS",
             "POLITENESS_BREACHES", "LEASE_HELD", "DEAD_LETTERS", "LINKS_SPILLED", "MEMORY_BACKPRESSURE",
-            "CRAWL_PAUSED")}
+            "CRAWL_PAUSED", "DEFERRALS", "ROBOTS_CUT")}
         self._labels = lab
         # claim pacing, kept by the worker
         self.next_claim = 0.0
@@ -131,6 +139,16 @@ class CrawlShard:
             for path in recover_spool(self.spool, self.crawl_id, shard):
                 self.log.info("part_recovered", part=path.name, action="shipping it")
                 self._ship(path)
+
+    def reload_scope(self, size: int) -> None:
+        """The crawl's scope set now holds ``size`` domains: read it again
+        (seeds were added with ``crawlctl seed``)."""
+        if size == self.scope_size:
+            return
+        scope = load_scope(self.client, self.crawl_id)
+        self.router.widen(scope)
+        self.scope_size = len(scope)
+        self.log.info("scope_widened", domains=self.scope_size)
 
     # -- parts -------------------------------------------------------------------
     def _ship(self, path) -> None:
@@ -326,12 +344,14 @@ class CrawlShard:
             self._fetched.append(claim.token)
             self._wake()
 
-    def _give_back(self, claim: Claim, error: str, count: bool = True, report: HostReport | None = None) -> None:
+    def _give_back(self, claim: Claim, error: str, count: bool = True, report: HostReport | None = None,
+                   payload: bytes | None = None) -> None:
         """Nack ``claim`` with ``error``, applying the host outcome
-        ``report`` in the same script call."""
+        ``report`` in the same script call (``payload``: the entry's new
+        payload)."""
         self.held.discard(claim.token)
         try:
-            r = self.frontier.nack(self.shard, claim.token, error, count, report)
+            r = self.frontier.nack(self.shard, claim.token, error, count, report, payload)
             self.m["NACKS"].inc()
             if r == 2:
                 self.m["DEAD_LETTERS"].inc()
@@ -400,10 +420,16 @@ class CrawlShard:
         self._slot_done(claim)
         self._observe(route.pkey, res)
         report = host_report(route.pkey, res, cfg, self._rand)
-        if retry_url(res, claim.attempts, cfg):
+        action = disposition(res, claim.attempts, entry.deferrals, cfg)
+        if action != RECORD:
             # the host's hold (Retry-After, backoff) and the requeue in one
             # step: a claim call under way cannot take the URL back early
-            return self._give_back(claim, res.error or f"HTTP {res.status}", report=report)
+            why = res.error or f"HTTP {res.status}"
+            if action == DEFER:
+                self.m["DEFERRALS"].inc()
+                deferred = dataclasses.replace(entry, deferrals=entry.deferrals + 1)
+                return self._give_back(claim, why, count=False, report=report, payload=deferred.to_payload())
+            return self._give_back(claim, why, report=report)
         if report is not None:
             self._reports.append(report)
         row, pushes = self._outcome(entry, claim, res)
@@ -414,7 +440,12 @@ class CrawlShard:
         metrics.FETCHES.labels(*self._labels, metrics.status_class(res.status), res.error_kind or "").inc()
         self.m["FETCH_SECONDS"].observe(res.elapsed_ms / 1000.0)
         self.m["RESPONSE_BYTES"].observe(len(res.body or b""))
-        if res.started_at and res.error_kind != "blocked" and self.audit.record(pkey, res.started_at):
+        if res.started_at and res.error_kind != "blocked":
+            self.audit_request(pkey, res.started_at)
+
+    def audit_request(self, pkey: str, started_at: float) -> None:
+        """The live politeness audit of one request sent to ``pkey``."""
+        if self.audit.record(pkey, started_at):
             self.m["POLITENESS_BREACHES"].inc()
             self.log.error("politeness_breach", pkey=pkey, max_rps_per_host=self.config.max_rps_per_host)
 
@@ -439,11 +470,59 @@ class CrawlShard:
             for shard, items in by_shard.items():
                 self.frontier.push(shard, items)
 
-    def _fetch_robots(self, url: str):
-        res = fetch(self.session, url, self.config, allow_redirects=True, max_bytes=MAX_ROBOTS_BYTES)
-        metrics.ROBOTS_FETCHES.labels(*self._labels, metrics.status_class(res.status)).inc()
-        body = res.body.decode("utf-8", errors="replace") if res.status and 200 <= res.status < 300 else ""
-        return res.status, body, res.error, res.error_kind
+    def _origin_shard(self, origin: str) -> int:
+        return self.router.route(origin + "/").shard
+
+    def _robots_key(self, origin: str) -> str:
+        return keys.shard_keys(self.crawl_id, self._origin_shard(origin)).robots
+
+    def _robots_lock(self, origin: str) -> str:
+        return keys.robots_lock(self._origin_shard(origin), origin)
+
+    def _robots_cut(self, origin: str, got: RobotsFetch) -> None:
+        self.m["ROBOTS_CUT"].inc()
+        try:
+            self.client.hincrby(keys.shard_keys(self.crawl_id, self.shard).stats, "robots_cut", 1)
+        except REDIS_ERRORS:
+            pass
+        self.log.warning("robots_txt_cut", origin=origin, max_bytes=MAX_ROBOTS_BYTES,
+                         action="rules read up to the last complete line before the cut")
+
+    def _fetch_robots(self, origin: str) -> RobotsFetch:
+        """GET ``origin``/robots.txt, following up to
+        :data:`ROBOTS_MAX_REDIRECTS` redirects (RFC 9309 section 2.3.1.2:
+        at least five; more is "unavailable", 2.3.1.3).  The first request
+        uses the politeness slot of the claim that needed the file; every
+        hop after it books its own slot with its host's registered domain
+        (``reserve``) and waits until it conforms, like any request."""
+        url, hops, chain = origin + "/robots.txt", 0, []
+        while True:
+            res = fetch(self.session, url, self.config, max_bytes=MAX_ROBOTS_BYTES)
+            metrics.ROBOTS_FETCHES.labels(*self._labels, metrics.status_class(res.status)).inc()
+            if res.started_at and res.error_kind != "blocked":
+                self.audit_request(self.router.route(self.router.canonical(url) or origin + "/").pkey,
+                                   res.started_at)
+            location = res.headers.get("location") if res.status in REDIRECT_STATUSES else None
+            if not location:
+                break
+            target = resolve(url, location)
+            canon = self.router.canonical(target) if target else None
+            if canon is None:
+                return RobotsFetch(None, error=f"bad_redirect: Location {location[:200]!r}", error_kind="redirects")
+            hops += 1
+            if hops > ROBOTS_MAX_REDIRECTS:
+                return RobotsFetch(None, error=f"redirects: more than {ROBOTS_MAX_REDIRECTS}", error_kind="redirects")
+            route = self.router.route(canon)
+            wait = self.frontier.reserve(route.shard, route.pkey)
+            if wait > 0:
+                gevent.sleep(wait)
+            url = target
+            hop_origin = origin_of(canon)
+            if canon == hop_origin + "/robots.txt" and hop_origin != origin and hop_origin not in chain:
+                chain.append(hop_origin)
+        ok = res.status is not None and 200 <= res.status < 300
+        body = res.body.decode("utf-8", errors="replace") if ok else ""
+        return RobotsFetch(res.status, body, res.error, res.error_kind, cut=ok and res.truncated, also_for=chain)
 
     def _robots_allows(self, origin: str, url: str) -> bool | None:
         pol = self.robots.known(origin)

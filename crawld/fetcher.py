@@ -17,12 +17,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from urllib.parse import urljoin
 
 import gevent
 import requests
 import urllib3
-from requests.exceptions import TooManyRedirects
 
 from .config import CrawlConfig
 from .errors import exception_chain
@@ -41,10 +39,11 @@ class FetchResult:
 
     ``status`` is None when no response arrived; then ``error`` says why and
     ``error_kind`` is one of ``connect``, ``timeout``, ``deadline``,
-    ``protocol``, ``invalid_url``, ``blocked`` (address policy),
-    ``redirects`` (too many, when following them), ``other``;
-    ``retryable`` tells whether another attempt may succeed.  ``started_at`` is Unix time (s) when the
-    request began; ``elapsed_ms`` runs until the body was read.  ``body`` is
+    ``protocol``, ``invalid_url``, ``blocked`` (address policy), ``other``;
+    ``retryable`` tells whether another attempt may succeed; ``unsent``
+    that the request never left (no connection could be made: refused,
+    unreachable, connect time-out, name not resolved).  ``started_at`` is
+    Unix time (s) when the request began; ``elapsed_ms`` runs until the body was read.  ``body`` is
     at most ``max_body_bytes`` (``truncated`` when cut), after
     Content-Encoding decoding.
     """
@@ -59,6 +58,7 @@ class FetchResult:
     error: str | None = None
     error_kind: str | None = None
     retryable: bool = False
+    unsent: bool = False
 
 
 def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None) -> requests.Session:
@@ -67,11 +67,9 @@ def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None
     ``proxy`` (``http://host:port``) is used for http and https; without it
     requests reads the standard HTTP_PROXY/HTTPS_PROXY/NO_PROXY variables.
     Direct connections are checked against the crawl's address policy
-    (:mod:`crawld.netpolicy`) at connect time.  Followed redirects (robots.txt
-    only) stop after 5 hops (RFC 9309 section 2.3.1.2).
+    (:mod:`crawld.netpolicy`) at connect time.
     """
     s = requests.Session()
-    s.max_redirects = 5
     pool = dict(pool_connections=256, pool_maxsize=max(concurrency, 4), max_retries=0)
     guard_session(s, AddressPolicy(config.allow_loopback, config.allow_private_networks), **pool)
     s.headers.update({
@@ -89,8 +87,6 @@ def _classify(exc: BaseException) -> tuple[str, bool]:
     chain = list(exception_chain(exc))
     if any(isinstance(e, BlockedAddress) for e in chain):
         return "blocked", False
-    if isinstance(exc, TooManyRedirects):
-        return "redirects", False
     if isinstance(exc, (FetchDeadline, gevent.Timeout)):
         return "deadline", True
     if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
@@ -155,15 +151,15 @@ def _send(session: requests.Session, url: str, config: CrawlConfig) -> requests.
                         verify=settings["verify"], cert=settings["cert"], proxies=settings["proxies"])
 
 
-def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_redirects: bool = False,
+def fetch(session: requests.Session, url: str, config: CrawlConfig, *,
           max_bytes: int | None = None) -> FetchResult:
-    """GET ``url`` once.  Never raises: failures are in the result.
+    """GET ``url`` once; redirects are not followed (the caller schedules
+    each hop on its own politeness slot).  Never raises: failures are in
+    the result.
 
     ``max_bytes`` caps the body (default the crawl's ``max_body_bytes``).
-    With ``allow_redirects`` (robots.txt only) up to ``session.max_redirects``
-    hops are followed, each under the same caps, within one deadline.  When
-    the body breaks off (time-out, reset, deadline) after the headers, what
-    arrived is kept and ``truncated`` is set.
+    When the body breaks off (time-out, reset, deadline) after the headers,
+    what arrived is kept and ``truncated`` is set.
     """
     res = FetchResult(url=url, started_at=time.time())
     t0 = time.monotonic()
@@ -171,21 +167,11 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_red
     chunks: list[bytes] = []
     try:
         with gevent.Timeout(config.fetch_deadline_s, FetchDeadline):
-            target, hops = url, 0
-            while True:
-                resp = _send(session, target, config)
-                res.status = resp.status_code
-                res.headers = {k.lower(): v for k, v in resp.headers.items()}
-                if "location" in res.headers:
-                    res.headers["location"] = _location(res.headers["location"])
-                if not (allow_redirects and resp.is_redirect and "location" in res.headers):
-                    break
-                hops += 1
-                if hops > session.max_redirects:
-                    raise TooManyRedirects(f"more than {session.max_redirects} redirects")
-                target = urljoin(target, res.headers["location"])
-                resp.close()
-                resp = None
+            resp = _send(session, url, config)
+            res.status = resp.status_code
+            res.headers = {k.lower(): v for k, v in resp.headers.items()}
+            if "location" in res.headers:
+                res.headers["location"] = _location(res.headers["location"])
             cap = max_bytes or config.max_body_bytes
             size = 0
             for chunk in resp.iter_content(_CHUNK):
@@ -201,6 +187,9 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_red
             raise
         kind, retryable = _classify(exc)
         res.error_kind, res.retryable = kind, retryable
+        res.unsent = res.status is None and any(
+            isinstance(e, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
+                           requests.exceptions.ConnectTimeout)) for e in exception_chain(exc))
         blocked = is_blocked_address(exc)
         if blocked is not None:
             res.error = "address_blocked: " + str(blocked).split("address_blocked: ", 1)[-1][:300]

@@ -17,7 +17,9 @@ neither lose nor duplicate an entry:
 * reserve book one extra request (a robots.txt fetch) against GCRA;
 * rate    slow a politeness key down (robots.txt Crawl-delay);
 * lease / release  take, renew or give up the shard's lease (fencing: a
-          claim made with a lease token fails once another token holds it).
+          claim made with a lease token fails once another token holds it);
+* abandon drop every claim of a crawl being purged, giving its in-flight
+          slots back.
 
 Besides URLs to fetch, the frontier carries URLs to *record without
 fetching* (a "mode" naming why: out of scope, over depth, over budget, host
@@ -45,7 +47,7 @@ from .redisconn import is_cluster
 ENTRY_VERSION = 1
 
 _LUA_DIR = Path(__file__).with_name("lua")
-_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate", "lease", "release")
+_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate", "lease", "release", "abandon")
 
 
 def load_script_source(name: str) -> str:
@@ -67,7 +69,10 @@ class Entry:
     ``url`` is the absolute URL to fetch, ``canonical`` its canonical form,
     ``depth`` the link distance from a seed, ``referrer`` the page it was
     found on, ``redirect_chain`` the URLs that redirected to it, ``kind``
-    ``page`` or ``sitemap`` (a sitemap's URLs are pushed, not its links).
+    ``page`` or ``sitemap`` (a sitemap's URLs are pushed, not its links),
+    ``deferrals`` how many times it was put back without spending an
+    attempt (429, 503, a connection that could not be made:
+    :func:`crawld.outcomes.disposition`).
     """
 
     url: str
@@ -76,6 +81,7 @@ class Entry:
     referrer: str | None = None
     redirect_chain: tuple[str, ...] = ()
     kind: str = "page"
+    deferrals: int = 0
 
     def to_payload(self) -> bytes:
         """Compact JSON with the schema version."""
@@ -86,6 +92,8 @@ class Entry:
             d["rc"] = list(self.redirect_chain)
         if self.kind != "page":
             d["k"] = self.kind
+        if self.deferrals:
+            d["df"] = self.deferrals
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @classmethod
@@ -99,7 +107,8 @@ class Entry:
         if not isinstance(d, dict) or d.get("v") != ENTRY_VERSION:
             raise ValueError(f"unsupported entry payload version {d.get('v') if isinstance(d, dict) else None!r}")
         return cls(url=d["u"], canonical=d["c"], depth=int(d.get("d", 0)),
-                   referrer=d.get("r"), redirect_chain=tuple(d.get("rc", ())), kind=d.get("k", "page"))
+                   referrer=d.get("r"), redirect_chain=tuple(d.get("rc", ())), kind=d.get("k", "page"),
+                   deferrals=int(d.get("df", 0)))
 
 
 @dataclass(frozen=True)
@@ -130,11 +139,12 @@ class PushItem(NamedTuple):
 
 
 class HostReport(NamedTuple):
-    """How a fetch went for its politeness key, for the claim script:
-    ``code`` "o" success, "f" failure (``value`` = jitter in [0, 1)), "r"
-    Retry-After (``value`` = seconds), "h" hold for ``value`` seconds
-    without counting a failure, "p" give the host up now; ``reason`` is
-    kept if the host is given up."""
+    """How a fetch went for its politeness key, for the claim script
+    (``crawld/lua/claim.lua`` lists the codes): ``code`` "o" success, "f"
+    failure (``value`` = jitter in [0, 1)), "a" slow down (429/503), "r"
+    slow down and hold at least ``value`` seconds (Retry-After), "h" hold
+    for ``value`` seconds without counting a failure, "p" give the host up
+    for ``value`` seconds now; ``reason`` is kept if the host is given up."""
 
     pkey: str
     code: str
@@ -145,7 +155,7 @@ class HostReport(NamedTuple):
 def _report_args(rep: HostReport) -> tuple[Any, ...]:
     """A host outcome as script arguments: pkey, code, value (microseconds
     for "r" and "h"), reason (at most 300 characters)."""
-    value = int(rep.value * 1e6) if rep.code in ("r", "h") else rep.value
+    value = int(rep.value * 1e6) if rep.code in ("r", "h", "p") else rep.value
     return rep.pkey, rep.code, value, rep.reason[:300]
 
 
@@ -225,8 +235,9 @@ class Frontier:
                         config.max_inflight_per_host]
         self._vt = int(config.visibility_timeout_s * 1_000_000)
         self._dedup_spec = dedup.push_spec(config)  # lays out a shard's dedup structures on first push
+        # host-outcome settings of claim.lua and nack.lua
         self._backoff = [int(config.backoff_base_s * 1e6), int(config.backoff_max_s * 1e6),
-                         config.host_max_failures]
+                         config.host_max_failures, int(config.host_give_up_s * 1e6)]
 
     def keys(self, shard: int) -> list[str]:
         """The KEYS list of ``shard``."""
@@ -295,16 +306,17 @@ class Frontier:
         return self._run("ack", shard, args, client)
 
     def nack(self, shard: int, token: bytes, error: str, count: bool = True,
-             report: HostReport | None = None) -> int:
+             report: HostReport | None = None, payload: bytes | None = None) -> int:
         """Give a claim back: 1 requeued, 2 dead-lettered, 0 not claimed.
 
         With ``count`` false the attempt does not count toward
         ``max_attempts`` (the URL was deferred, not tried).  ``report``, the
         failure's host outcome (e.g. Retry-After), is applied in the same
         atomic step, before the entry is queued again (it is applied even
-        when the token is no longer claimed).
+        when the token is no longer claimed).  ``payload`` replaces the
+        entry's payload (e.g. with its deferral count raised).
         """
-        args: list[Any] = [self.config.max_attempts, token, error[:500], "1" if count else "0"]
+        args: list[Any] = [self.config.max_attempts, token, error[:500], "1" if count else "0", payload or b""]
         if report is not None:
             args += [*self._backoff, *_report_args(report)]
         return self._run("nack", shard, args)
@@ -319,6 +331,12 @@ class Frontier:
         """Return expired claims; ``(requeued, dead_lettered)``."""
         r = self._run("reclaim", shard, [self.config.max_attempts, limit])
         return int(r[0]), int(r[1])
+
+    def abandon(self, shard: int, limit: int = 1000) -> int:
+        """Drop every claim of ``shard`` without requeueing it (a crawl
+        being purged), giving back the in-flight slots it held; returns how
+        many were dropped (call again while it returns ``limit``)."""
+        return int(self._run("abandon", shard, [limit]))
 
     def reserve(self, shard: int, pkey: str) -> float:
         """Book one more request to ``pkey``; returns seconds to wait before

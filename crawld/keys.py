@@ -1,48 +1,66 @@
 """The Redis key schema: the one place that names crawld's keys.
 
-Every key is namespaced by ``crawl_id``.  Keys that belong to a shard carry
-the hash tag ``{crawl_id:shard}`` so that every Lua script touches a single
-Redis Cluster slot; crawl-wide keys carry ``{crawl_id}``.  Lua scripts,
-workers, the reclaim loop, the CLI and the tests all build keys through this
-module and nowhere else.
+Keys that belong to a shard carry the hash tag of the shard *number*,
+``{s<shard>}``, whatever the crawl: every crawl that routes a registered
+domain to shard N (:mod:`crawld.sharding`) keeps that domain's queues in the
+same Redis Cluster slot as the domain's *politeness state*, which is one
+per registered domain for the whole fleet, shared by every crawl
+(:data:`SHARED_KEY_NAMES`: the GCRA timestamp, in-flight count, adapted
+rate, failure count, Retry-After hold, robots.txt cache).  So the claim
+script of any crawl reads and updates the one politeness state of a domain
+atomically, in one Lua script on one slot, on a single Redis and on Redis
+Cluster alike.  Two crawls that would route a shared domain to different
+shard numbers (other shard counts or ``shard_overrides``) cannot share it:
+``crawlctl seed`` refuses such a crawl (:mod:`crawld.crawls`).
 
-Shard keys and their types:
+Keys of one crawl on a shard are named ``crawld:{s<N>}:crawl:<crawl_id>:<name>``;
+shared keys ``crawld:{s<N>}:<name>``; crawl-wide keys carry ``{crawl_id}``.
+Lua scripts, workers, the reclaim loop, the CLI and the tests all build keys
+through this module and nowhere else.
 
-========== ======== ==========================================================
-name       type     contents
-========== ======== ==========================================================
-queue      zset     frontier entries, all scored 0, member
-                    ``pkey \\x1f seq \\x1f attempts \\x1f payload``; lexical
-                    order gives one FIFO per politeness key (Mercator back
-                    queues inside one key)
-sched      zset     politeness key -> next allowed fetch time (ms, Redis time)
-gcra       hash     politeness key -> GCRA theoretical arrival time (ms)
-inflight   hash     politeness key -> entries claimed and not yet acked
-claimed    zset     claim token -> visibility deadline (ms, Redis time)
-claims     hash     claim token -> ``pkey \\x1f attempts \\x1f payload``
-seen       hash     layout of the shard's dedup structure of URLs ever queued
-                    for fetching (crawld.dedup: backend, sizes, count); its
-                    data keys extend the name: ``seen:<bucket>`` (intsets,
-                    redis_set), ``seen:bits`` (Bloom bitmap) or ``seen:bf``
-                    (RedisBloom); a plain set of 8-byte fingerprints in
-                    crawls created before the dedup backends
-dead       list     dead-lettered entries (JSON with reason)
-stats      hash     monotonic counters: pushed, dup, claimed, acked, nacked,
-                    reclaimed, dead, skipped, ...
-seq        string   counter for queue order and claim tokens
-skips      list     URLs to record without fetching, ``reason \x1f payload``
-                    (out of scope, over depth, over budget, ...)
-skipseen   hash     the same for fingerprints ever pushed to ``skips`` (one
-                    row per URL): ``skipseen:<bucket>``, ``skipseen:bits``...
-rates      hash     politeness key -> GCRA emission interval (microseconds)
-                    when robots.txt Crawl-delay makes it slower than the crawl's
-fails      hash     politeness key -> failures in a row (5xx, 429, connection)
-parked     hash     politeness key -> why the host was given up
-budget     hash     host name -> URLs queued (max_pages_per_host)
-variants   hash     host name + path -> distinct queries queued
-robots     hash     origin (scheme://host:port) -> robots.txt cache entry (JSON)
-lease      string   token of the worker serving the shard (SET NX PX, renewed)
-========== ======== ==========================================================
+Shard keys and their types (``s``: shared by every crawl, ``c``: one crawl's):
+
+========== = ======== ========================================================
+name       . type     contents
+========== = ======== ========================================================
+queue      c zset     frontier entries, all scored 0, member
+                      ``pkey \\x1f seq \\x1f attempts \\x1f payload``; lexical
+                      order gives one FIFO per politeness key (Mercator back
+                      queues inside one key)
+sched      c zset     politeness key -> next time this crawl may claim it
+                      (us, Redis time)
+gcra       s hash     politeness key -> GCRA theoretical arrival time (us)
+inflight   s hash     politeness key -> fetches in flight, every crawl's
+claimed    c zset     claim token -> visibility deadline (us, Redis time)
+claims     c hash     claim token -> ``pkey \\x1f attempts \\x1f payload``
+seen       c hash     layout of the shard's dedup structure of URLs ever queued
+                      for fetching (crawld.dedup: backend, sizes, count); its
+                      data keys extend the name: ``seen:<bucket>`` (intsets,
+                      redis_set), ``seen:bits`` (Bloom bitmap) or ``seen:bf``
+                      (RedisBloom)
+dead       c list     dead-lettered entries (JSON with reason)
+stats      c hash     monotonic counters: pushed, dup, claimed, acked, nacked,
+                      reclaimed, dead, skipped, ...
+seq        c string   counter for queue order and claim tokens
+skips      c list     URLs to record without fetching, ``reason \x1f payload``
+                      (out of scope, over depth, over budget, ...)
+skipseen   c hash     the same for fingerprints ever pushed to ``skips`` (one
+                      row per URL): ``skipseen:<bucket>``, ``skipseen:bits``...
+rates      s hash     politeness key -> GCRA emission interval (us) when
+                      robots.txt Crawl-delay makes it slower than a crawl's
+fails      s hash     politeness key -> ``failures in a row:first failure (us)``
+parked     s hash     politeness key -> ``until (us)|why`` the host is given up
+budget     c hash     host name -> URLs queued (max_pages_per_host)
+variants   c hash     host name + path -> distinct queries queued
+robots     s hash     origin (scheme://host:port) -> robots.txt cache entry (JSON)
+lease      c string   token of the worker serving the shard (SET NX PX, renewed)
+adapt      s hash     politeness key -> adapted interval after 429/503
+                      (``interval:ceiling:last decrease``, us; crawld.politeness)
+want       s hash     politeness key -> queue key of a crawl waiting for its
+                      turn (fair share between crawls)
+floor      s hash     politeness key -> ``interval:until`` (us): the slowest
+                      crawl's own interval, binding every crawl until then
+========== = ======== ========================================================
 """
 
 from __future__ import annotations
@@ -61,7 +79,12 @@ SHARD_KEY_NAMES = (
     "queue", "sched", "gcra", "inflight", "claimed", "claims",
     "seen", "dead", "stats", "seq", "skips", "skipseen", "rates",
     "fails", "parked", "budget", "variants", "robots", "lease",
+    "adapt", "want", "floor",
 )
+
+#: the shard keys shared by every crawl (the politeness state of the
+#: registered domains a shard number owns, and the robots.txt cache)
+SHARED_KEY_NAMES = frozenset({"gcra", "inflight", "rates", "fails", "parked", "robots", "adapt", "want", "floor"})
 
 
 def check_crawl_id(crawl_id: str) -> str:
@@ -101,26 +124,57 @@ class ShardKeys:
     variants: str
     robots: str
     lease: str
+    adapt: str
+    want: str
+    floor: str
 
     def all(self) -> list[str]:
         """All keys in :data:`SHARD_KEY_NAMES` order, as Lua's KEYS expect."""
         return [getattr(self, n) for n in SHARD_KEY_NAMES]
 
 
-def shard_tag(crawl_id: str, shard: int) -> str:
-    """The hash tag shared by every key of one shard: ``{crawl_id:shard}``."""
-    return "{%s:%d}" % (crawl_id, shard)
+def shard_tag(shard: int) -> str:
+    """The hash tag of every key of shard number ``shard``, of any crawl:
+    ``{s<shard>}``."""
+    return "{s%d}" % shard
+
+
+def crawl_shard_prefix(crawl_id: str, shard: int) -> str:
+    """The common prefix of the keys of one crawl on one shard (for SCAN)."""
+    return f"{PREFIX}:{shard_tag(shard)}:crawl:{crawl_id}:"
 
 
 def shard_keys(crawl_id: str, shard: int) -> ShardKeys:
-    """Keys of ``shard`` (0-based) of ``crawl_id``."""
-    base = f"{PREFIX}:{shard_tag(crawl_id, shard)}:"
-    return ShardKeys(**{n: base + n for n in SHARD_KEY_NAMES})
+    """Keys of ``shard`` (0-based) of ``crawl_id``: its own keys, and the
+    shard's :data:`SHARED_KEY_NAMES`."""
+    own = crawl_shard_prefix(crawl_id, shard)
+    shared = f"{PREFIX}:{shard_tag(shard)}:"
+    return ShardKeys(**{n: (shared if n in SHARED_KEY_NAMES else own) + n for n in SHARD_KEY_NAMES})
+
+
+def robots_lock(shard: int, origin: str) -> str:
+    """String with a TTL: held by the one process fetching ``origin``'s
+    robots.txt (``origin`` is owned by shard number ``shard``); the others
+    wait for the answer it stores in the shard's ``robots`` hash."""
+    return f"{PREFIX}:{shard_tag(shard)}:robots-lock:{origin}"
 
 
 def crawl_config(crawl_id: str) -> str:
     """String key holding the crawl's config as JSON (see crawld.config)."""
     return f"{PREFIX}:{{{crawl_id}}}:config"
+
+
+def crawl_scope(crawl_id: str) -> str:
+    """Set of the registered domains (politeness keys) in a crawl's scope:
+    its seeds' and ``allow_domains``, added to by every ``crawlctl seed``.
+    Workers read it (not the seed list) to decide what is in scope."""
+    return f"{PREFIX}:{{{crawl_id}}}:scope"
+
+
+#: string with a TTL: held while one ``crawlctl seed`` checks that no other
+#: crawl routes a domain of its scope to another shard number, and records
+#: the scope (crawld.crawls)
+SCOPE_LOCK = f"{PREFIX}:scope:lock"
 
 
 def crawl_control(crawl_id: str) -> str:
@@ -144,9 +198,11 @@ def crawl_state(crawl_id: str) -> str:
 STATES = ("active", "paused", "cancelled", "rebalancing")
 
 
-def crawl_patterns(crawl_id: str) -> tuple[str, str]:
-    """SCAN match patterns that together cover every key of a crawl."""
-    return (f"{PREFIX}:{{{crawl_id}}}:*", f"{PREFIX}:{{{crawl_id}:*")
+def crawl_patterns(crawl_id: str) -> tuple[str, ...]:
+    """SCAN match patterns that together cover every key of a crawl (and the
+    shard keys of crawls laid out before the shared politeness state,
+    ``crawld:{<crawl_id>:<shard>}:*``)."""
+    return (f"{PREFIX}:{{{crawl_id}}}:*", f"{PREFIX}:{{s*}}:crawl:{crawl_id}:*", f"{PREFIX}:{{{crawl_id}:*")
 
 
 def crawl_epoch(crawl_id: str) -> str:

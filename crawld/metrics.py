@@ -51,6 +51,8 @@ RESPONSE_BYTES = Histogram("crawld_response_size_bytes", "Body bytes read per pa
                            buckets=(0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216))
 ROBOTS_FETCHES = Counter("crawld_robots_fetches_total", "robots.txt requests, by status class.",
                          [*SHARD, "status_class"])
+ROBOTS_CUT = Counter("crawld_robots_cut_total", "robots.txt files cut at 500 KiB (the rules before the cut "
+                     "apply; the worker logs robots_txt_cut with the origin).", SHARD)
 ROWS = Counter("crawld_rows_written_total", "Rows written durably to the parts, by outcome (fetched, "
                "redirect, error, blocked, skipped).", [*SHARD, "outcome"])
 LINKS_DISCOVERED = Counter("crawld_links_discovered_total", "Links found in pages, sitemaps and redirects.", SHARD)
@@ -61,6 +63,8 @@ DEDUP_HITS = Counter("crawld_dedup_hits_total", "Pushed links already seen by th
 CLAIMS = Counter("crawld_claims_total", "Frontier entries claimed.", SHARD)
 ACKS = Counter("crawld_acks_total", "Claims acknowledged after their row was durable.", SHARD)
 NACKS = Counter("crawld_nacks_total", "Claims given back to be retried.", SHARD)
+DEFERRALS = Counter("crawld_deferrals_total", "Claims given back without spending an attempt of their URL: "
+                    "the host answered 429 or 503, or no connection could be made.", SHARD)
 ROBOTS_BLOCKS = Counter("crawld_robots_blocked_total", "URLs not fetched because robots.txt disallows them.", SHARD)
 RATE_LIMIT_WAITS = Counter("crawld_rate_limit_waits_total", "Claims that found work queued but every due "
                            "politeness key held back by its rate or in-flight cap.", SHARD)

@@ -96,9 +96,9 @@ import redis
 
 from . import dedup, keys
 from .config import CrawlConfig
-from .crawls import load_crawl
+from .crawls import check_shared_routing, load_crawl, load_scope
 from .frontier import Frontier, register_plain_script
-from .scope import Router
+from .scope import Router, scope_keys
 from .sharding import key_slot, politeness_key, shard_for, shard_of_slot
 
 SEP = b"\x1f"
@@ -106,8 +106,9 @@ SEP = b"\x1f"
 #: the scripts of crawld/lua/ the rebalancer runs
 LUA_SCRIPTS = ("crawl_state", "rebalance_start", "fold_stats", "lock_renew", "lock_release")
 
-#: hashes keyed by politeness key that move with it (``inflight`` is dropped)
-PKEY_HASHES = ("gcra", "rates", "fails", "parked")
+#: shared hashes keyed by politeness key that move with it (``inflight`` is
+#: dropped; ``want`` is not kept: nothing waits during a rebalance)
+PKEY_HASHES = ("gcra", "rates", "fails", "parked", "adapt", "floor")
 
 
 class RebalanceError(RuntimeError):
@@ -202,6 +203,10 @@ class Rebalancer:
         # new shard creates match the ones copied or kept
         per = dedup.per_shard(config.expected_urls, config.num_shards)
         new_config = config.replace(num_shards=self.to, expected_urls=per * self.to)  # ConfigError: overrides
+        # its domains' politeness state moves with them: no other live crawl
+        # may keep them where they are (SharedDomainConflict)
+        self.scope = load_scope(self.client, self.cid) | set(scope_keys(config))
+        check_shared_routing(self.client, new_config, self.scope)
         self.old, self.new_config, self.config = old, new_config, config
         self.all = max(old, self.to)
         self.fr = Frontier(self.client, config.replace(num_shards=self.all))
@@ -391,17 +396,35 @@ class Rebalancer:
             d = moved[pkey]
             return d if d != src else None
 
-        # 1. per-key hashes and the host-keyed ones
+        # 1. per-key hashes and the host-keyed ones; the shared ones (every
+        #    crawl's politeness state on this shard number) only for this
+        #    crawl's domains, and without overwriting what the target holds
+        #    (another crawl routing the domain there: the later TAT wins)
         for name, keyfn in [*((h, _d) for h in PKEY_HASHES), ("budget", host_pkey), ("variants", host_pkey),
                             ("robots", host_pkey)]:
+            shared = name in keys.SHARED_KEY_NAMES
             by_dst: dict[int, dict[bytes, bytes]] = defaultdict(dict)
             for f, v in c.hscan_iter(getattr(sk, name), count=1000):
                 pk = keyfn(f)
+                if pk and shared and pk not in self.scope:
+                    continue
                 d = dest(pk) if pk else None
                 if d is not None:
                     by_dst[d][f] = v
             for d, fields in by_dst.items():
-                c.hset(getattr(dst_keys[d], name), mapping=fields)
+                target = getattr(dst_keys[d], name)
+                if not shared:
+                    c.hset(target, mapping=fields)
+                elif name == "gcra":
+                    have = dict(zip(fields, c.hmget(target, list(fields))))
+                    later = {f: v for f, v in fields.items() if have[f] is None or float(have[f]) < float(v)}
+                    if later:
+                        c.hset(target, mapping=later)
+                else:
+                    pipe = c.pipeline(transaction=False)
+                    for f, v in fields.items():
+                        pipe.hsetnx(target, f, v)
+                    pipe.execute()
                 c.hdel(getattr(sk, name), *fields)
         # 2. schedule
         by_dst_z: dict[int, dict[bytes, float]] = defaultdict(dict)
@@ -435,8 +458,10 @@ class Rebalancer:
                 pipe.zadd(dst_keys[d].sched, {pk: 0}, nx=True)
             pipe.execute()
         gone = [pk for pk, d in moved.items() if d != src]
+        mine = sk.queue.encode()
         for i in range(0, len(gone), 1000):
-            c.hdel(sk.inflight, *gone[i:i + 1000])
+            batch = gone[i:i + 1000]
+            c.hdel(sk.inflight, *batch, *[pk.encode() + SEP + mine for pk in batch])
         # 4. URLs to record without a fetch; a removed shard's dead letters
         router = Router(self.new_config)
 
@@ -583,8 +608,9 @@ class Rebalancer:
             c.setrange(f"{dst}:bits", off, merged.to_bytes(len(a), "big"))
 
     def _delete_shard(self, s: int) -> None:
-        pattern = keys.shard_tag(self.cid, s)  # braces are literal in a SCAN pattern
-        found = [k for k in self.client.scan_iter(match=f"{keys.PREFIX}:{pattern}:*", count=1000)]
+        # this crawl's keys of the shard only: the shared ones serve other crawls
+        # (braces are literal in a SCAN pattern)
+        found = [k for k in self.client.scan_iter(match=keys.crawl_shard_prefix(self.cid, s) + "*", count=1000)]
         for i in range(0, len(found), 500):
             self.client.unlink(*found[i:i + 500])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -113,27 +114,67 @@ class RobotsPolicy:
         return age < (retry_s if self.state == UNREACHABLE else ttl_s)
 
 
-class RobotsCache:
-    """robots.txt of the origins of one shard, for one worker.
+@dataclass
+class RobotsFetch:
+    """What fetching one origin's robots.txt gave: ``status`` (None: no
+    response), ``body`` (text, empty unless 2xx), ``error``/``error_kind``
+    as :class:`crawld.fetcher.FetchResult` has them, ``cut`` when the body
+    was cut at :data:`MAX_ROBOTS_BYTES`, and ``also_for``: the other origins
+    whose ``/robots.txt`` redirected along the chain to this answer (it is
+    their robots.txt too, RFC 9309 section 2.3.1.2)."""
 
-    ``fetch_body(url) -> (status, body, error, error_kind)`` performs the
-    HTTP request (following up to 5 redirects, body cut at 500 KiB);
-    ``robots_key`` is the shard's ``robots`` hash.  Raises
-    ``redis.RedisError`` when Redis fails.
+    status: int | None
+    body: str = ""
+    error: str | None = None
+    error_kind: str | None = None
+    cut: bool = False
+    also_for: list[str] = field(default_factory=list)
+
+
+class RobotsCache:
+    """robots.txt of the origins a worker serves, for one crawl.
+
+    ``key_of(origin)`` names the Redis hash holding ``origin``'s cache entry
+    (its shard's ``robots`` hash, shared by every crawl, so an origin's file
+    is fetched once for the fleet within its TTL) and ``lock_of(origin)``
+    the lock taken while one process fetches it.  ``fetch_body(origin)``
+    performs the requests (each redirect hop on its own politeness slot)
+    and returns a :class:`RobotsFetch`.  Raises ``redis.RedisError`` when
+    Redis fails.
     """
 
-    def __init__(self, client: redis.Redis, robots_key: str, agent: str, ttl_s: float, retry_s: float,
-                 fetch_body: Callable[[str], tuple[int | None, str, str | None, str | None]],
-                 max_local: int = 10_000):
+    #: how long a fetch may hold an origin's lock before others fetch anyway (s)
+    LOCK_TTL_S = 120.0
+
+    def __init__(self, client: redis.Redis, key_of: Callable[[str], str], agent: str, ttl_s: float,
+                 retry_s: float, fetch_body: Callable[[str], RobotsFetch], lock_of: Callable[[str], str],
+                 max_local: int = 10_000, on_cut: Callable[[str, RobotsFetch], None] | None = None):
         self.client = client
-        self.key = robots_key
+        self.key_of = key_of
+        self.lock_of = lock_of
         self.agent = agent
         self.ttl_s = ttl_s
         self.retry_s = retry_s
         self._fetch_body = fetch_body
+        self._on_cut = on_cut
         self._local: dict[str, RobotsPolicy] = {}
         self._pending: dict[str, gevent.event.AsyncResult] = {}
         self._max_local = max_local
+        self._token = uuid.uuid4().hex
+
+    def _stored(self, origin: str, now: float) -> tuple[RobotsPolicy | None, int]:
+        """The fresh stored policy of ``origin`` (or None), and the stored
+        record's failures in a row."""
+        raw = self.client.hget(self.key_of(origin), origin)
+        if raw is None:
+            return None, 0
+        try:
+            pol = RobotsPolicy(RobotsRecord.from_json(raw), self.agent)
+        except (ValueError, KeyError, TypeError):
+            return None, 0
+        if not pol.fresh(now, self.ttl_s, self.retry_s):
+            return None, pol.record.failures
+        return pol, pol.record.failures
 
     def cached(self, origin: str) -> RobotsPolicy | None:
         """The fresh policy of ``origin`` from memory or Redis, else None."""
@@ -141,16 +182,9 @@ class RobotsCache:
         pol = self._local.get(origin)
         if pol is not None and pol.fresh(now, self.ttl_s, self.retry_s):
             return pol
-        raw = self.client.hget(self.key, origin)
-        if raw is None:
-            return None
-        try:
-            pol = RobotsPolicy(RobotsRecord.from_json(raw), self.agent)
-        except (ValueError, KeyError, TypeError):
-            return None
-        if not pol.fresh(now, self.ttl_s, self.retry_s):
-            return None
-        self._remember(origin, pol)
+        pol, _ = self._stored(origin, now)
+        if pol is not None:
+            self._remember(origin, pol)
         return pol
 
     def known(self, origin: str) -> RobotsPolicy | None:
@@ -167,7 +201,10 @@ class RobotsCache:
         self._local[origin] = pol
 
     def fetch(self, origin: str) -> tuple[RobotsPolicy, bool]:
-        """Fetch ``origin``'s robots.txt (once, if several greenlets ask).
+        """Fetch ``origin``'s robots.txt, once: greenlets of this process
+        asking at the same time wait for one fetch (gevent AsyncResult), and
+        other processes wait on the origin's lock in Redis and read what the
+        fetch stored.
 
         Returns ``(policy, fetched_here)``: ``fetched_here`` is True for the
         one caller whose request went out (it used its politeness slot).
@@ -177,24 +214,54 @@ class RobotsCache:
             return waiting.get(), False
         result = self._pending[origin] = gevent.event.AsyncResult()
         try:
-            previous = self.client.hget(self.key, origin)
-            failures = 0
-            if previous is not None:
-                try:
-                    failures = RobotsRecord.from_json(previous).failures
-                except (ValueError, KeyError, TypeError):
-                    failures = 0
-            status, body, error, kind = self._fetch_body(origin + "/robots.txt")
-            state = classify(status, kind)
-            rec = RobotsRecord(time.time(), status, body if state == RULES else "", error, kind,
-                               failures + 1 if state == UNREACHABLE else 0)
-            self.client.hset(self.key, origin, rec.to_json())
-            pol = RobotsPolicy(rec, self.agent)
+            pol, fetched = self._fetch_once(origin)
             self._remember(origin, pol)
             result.set(pol)
-            return pol, True
+            return pol, fetched
         except BaseException as exc:
             result.set_exception(exc)
             raise
         finally:
             self._pending.pop(origin, None)
+
+    def _fetch_once(self, origin: str) -> tuple[RobotsPolicy, bool]:
+        lock = self.lock_of(origin)
+        deadline = time.monotonic() + self.LOCK_TTL_S
+        delay = 0.05
+        while True:
+            # again under the lock: a fetch that ended between this caller's
+            # cache miss and now has stored the answer
+            pol, failures = self._stored(origin, time.time())
+            if pol is not None:
+                return pol, False
+            if self.client.set(lock, self._token, nx=True, px=int(self.LOCK_TTL_S * 1000)):
+                break
+            if time.monotonic() >= deadline:
+                break  # the holder died holding it: fetch anyway
+            gevent.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        try:
+            pol, failures = self._stored(origin, time.time())
+            if pol is not None:
+                return pol, False
+            got = self._fetch_body(origin)
+            state = classify(got.status, got.error_kind)
+            rec = RobotsRecord(time.time(), got.status, got.body if state == RULES else "", got.error,
+                               got.error_kind, failures + 1 if state == UNREACHABLE else 0)
+            if got.cut:
+                rec.cut = True
+                if self._on_cut is not None:
+                    self._on_cut(origin, got)
+            raw = rec.to_json()
+            for o in [origin, *got.also_for]:
+                self.client.hset(self.key_of(o), o, raw)
+            pol = RobotsPolicy(rec, self.agent)
+            for o in got.also_for:
+                self._remember(o, pol)
+            return pol, True
+        finally:
+            try:
+                if self.client.get(lock) == self._token.encode():
+                    self.client.delete(lock)
+            except redis.RedisError:
+                pass  # it expires

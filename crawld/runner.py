@@ -176,7 +176,7 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
         check(client, url)
         if not is_remote(config.output):
             Path(config.output).mkdir(parents=True, exist_ok=True)
-        create_crawl(client, config)
+        create_crawl(client, config, config.seeds)
         seeded = seed(client, config, list(config.seeds))
         log.info("crawl_created", seeds=seeded, shards=config.num_shards)
         frontier = Frontier(client, config)

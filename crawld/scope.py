@@ -74,17 +74,27 @@ class Router:
     A URL's shard is :func:`crawld.sharding.shard_for` of its politeness key,
     so the crawl's ``shard_overrides`` pin domains wherever URLs are routed.
 
-    ``max_cache`` bounds each cache (entries); a full cache is cleared.
+    ``scope`` adds registered domains to the config's own (the crawl's
+    scope set in Redis, :func:`crawld.crawls.load_scope`: seeds given from
+    a file are not in the config).  ``max_cache`` bounds each cache
+    (entries); a full cache is cleared.
     """
 
-    def __init__(self, config: CrawlConfig, max_cache: int = 200_000):
+    def __init__(self, config: CrawlConfig, max_cache: int = 200_000, scope=None):
         self.config = config
-        self.scope = scope_keys(config)
+        self.scope = scope_keys(config) | frozenset(scope or ())
         self._strip = compile_strip(config.strip_params)
         self._overrides = config.shard_override_map
         self._canon: dict[str, str | None] = {}
         self._routes: dict[str, Route] = {}
         self._max = max_cache
+
+    def widen(self, domains) -> None:
+        """Add registered domains to the scope (seeds added to a live crawl)."""
+        new = frozenset(domains) - self.scope
+        if new:
+            self.scope = self.scope | new
+            self._routes.clear()
 
     def canonical(self, url: str) -> str | None:
         """Canonical form of an absolute URL, or None when it is not

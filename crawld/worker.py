@@ -268,10 +268,11 @@ class Worker:
         pipe = self.client.pipeline(transaction=False)
         for c in served:
             pipe.get(keys.crawl_state(c.crawl_id)).exists(keys.crawl_config(c.crawl_id)).get(
-                keys.crawl_epoch(c.crawl_id))
+                keys.crawl_epoch(c.crawl_id)).scard(keys.crawl_scope(c.crawl_id))
         res = pipe.execute()
         for i, c in enumerate(served):
-            state, exists, epoch = res[3 * i], res[3 * i + 1], res[3 * i + 2]
+            state, exists, epoch, scope = res[4 * i], res[4 * i + 1], res[4 * i + 2], res[4 * i + 3]
+            c.reload_scope(int(scope or 0))
             state = "cancelled" if not exists else (state.decode() if state else "active")
             if c.epoch is not None and int(epoch or 0) != c.epoch:
                 c.stale = True  # rebalanced meanwhile: serve it again with its new config

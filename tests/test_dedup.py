@@ -262,9 +262,9 @@ def test_every_key_the_push_writes_is_in_the_shards_cluster_slot(rds, backend):
         slot = key_slot(keys.shard_keys(CRAWL, shard).seen.encode())
         mine = [k for k in rds.scan_iter(match="*") if key_slot(k) == slot]
         assert len(mine) > 5
-        assert all(b"{dd:%d}" % shard in k for k in mine)
+        assert all(b"{s%d}" % shard in k for k in mine)
     written = {k.decode() for k in rds.scan_iter(match="*")}
-    assert all(k.startswith("crawld:{dd:") for k in written)
+    assert all(k.startswith("crawld:{s") and ":crawl:dd:" in k for k in written)
     assert len({key_slot(k.encode()) for k in written}) == 3
 
 

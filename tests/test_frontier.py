@@ -136,13 +136,20 @@ def gcra_tat(rds, pkey: str, shard: int = 0) -> int | None:
 
 
 def fails_of(rds, pkey: str, shard: int = 0) -> int | None:
+    """Failures in a row of ``pkey`` (the stored ``n:first failure``)."""
     v = rds.hget(skeys(shard).fails, pkey)
-    return None if v is None else int(v)
+    return None if v is None else int(v.split(b":")[0])
 
 
 def parked_reason(rds, pkey: str, shard: int = 0) -> str | None:
+    """Why ``pkey`` is given up (the stored ``until|why``)."""
     v = rds.hget(skeys(shard).parked, pkey)
-    return None if v is None else v.decode()
+    return None if v is None else v.decode().split("|", 1)[1]
+
+
+def adapted_interval_us(rds, pkey: str, shard: int = 0) -> int | None:
+    v = rds.hget(skeys(shard).adapt, pkey)
+    return None if v is None else int(v.split(b":")[0])
 
 
 _clock = itertools.count()
@@ -205,8 +212,8 @@ def test_every_shard_key_shares_the_shard_hash_tag_and_cluster_slot():
     for crawl_id in ("t", "crawl-2024.01_x"):
         for shard in (0, 1, 7, 4095):
             sk = keys.shard_keys(crawl_id, shard)
-            tag = "{%s:%d}" % (crawl_id, shard)
-            assert keys.shard_tag(crawl_id, shard) == tag
+            tag = "{s%d}" % shard
+            assert keys.shard_tag(shard) == tag
             names = sk.all()
             assert len(names) == len(keys.SHARD_KEY_NAMES) == len(set(names))
             for name, k in zip(keys.SHARD_KEY_NAMES, names):
@@ -215,9 +222,14 @@ def test_every_shard_key_shares_the_shard_hash_tag_and_cluster_slot():
                 first = k.index("{")
                 assert k[first:k.index("}", first) + 1] == tag
                 assert k.endswith(":" + name)
+                # a crawl's own keys name it; the politeness state does not
+                assert (f":crawl:{crawl_id}:" in k) is (name not in keys.SHARED_KEY_NAMES)
             assert len({key_slot(k.encode()) for k in names}) == 1
     # different shards do not share keys
     assert not set(keys.shard_keys("t", 0).all()) & set(keys.shard_keys("t", 1).all())
+    # two crawls on one shard share exactly the politeness state
+    a, b = keys.shard_keys("a", 3), keys.shard_keys("b", 3)
+    assert {n for n in keys.SHARD_KEY_NAMES if getattr(a, n) == getattr(b, n)} == keys.SHARED_KEY_NAMES
 
 
 def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
@@ -243,11 +255,11 @@ def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
     assert f2.reserve(1, B) >= 0
     _, cl = f2.claim(1, 10, reports=[HostReport(B, "f", 0.5, "x"), HostReport(B, "h", 0.1, "y"),
                                      HostReport(B, "o", 0, ""), HostReport(B, "f", 0.5, "x"),
-                                     HostReport(B, "p", 0, "gone")])
+                                     HostReport(B, "p", 60, "gone")])
     assert len(cl) == 5 and all(c.mode for c in cl)
     assert f2.push(1, [skip_item(B, 6)]) == (0, 1, 0)
     written = {k.decode() for k in rds.scan_iter("*")}
-    for name in ("skips", "skipseen", "rates", "fails", "parked", "budget", "variants"):
+    for name in ("skips", "skipseen", "rates", "fails", "parked", "budget", "variants", "gcra", "floor"):
         assert getattr(keys.shard_keys(CRAWL, 1), name) in written, name
     assert written, "nothing written"
     sk1 = keys.shard_keys(CRAWL, 1)
@@ -255,7 +267,7 @@ def test_frontier_uses_shard_keys_and_only_writes_keys_of_the_shard(rds):
     data = {k for k in written if k.startswith((sk1.seen + ":", sk1.skipseen + ":"))}
     assert data
     assert written - data <= set(sk1.all())
-    assert all("{t:1}" in k for k in written)
+    assert all("{s1}" in k for k in written)
 
 
 # -- push ----------------------------------------------------------------
@@ -828,13 +840,14 @@ def test_nack_with_a_retry_after_holds_the_host_before_the_url_is_queued_again(r
     assert f.nack(0, c.token, "HTTP 503", report=HostReport(A, "r", 0.4, "HTTP 503 with Retry-After 0s")) == 1
     wait, claims = f.claim(0, 5)
     assert claims == [] and 0.3 < wait <= 0.4
-    assert fails_of(rds, A) == 1
+    # a 503 is "slower", not a failure: the rate is halved (told when to come back)
+    assert fails_of(rds, A) is None and adapted_interval_us(rds, A) == 100_000
     again, when = claim_all(f, rds, 0, 1)[0]
     assert again.attempts == 2 and when >= before + 400_000
     # without a report, the URL is due again at once (GCRA permitting)
     assert f.nack(0, again.token, "HTTP 500") == 1
     wait, claims = f.claim(0, 5)
-    assert len(claims) == 1 or 0 <= wait <= 0.05
+    assert len(claims) == 1 or 0 <= wait <= 0.1
 
 
 def test_nack_with_max_attempts_1_dead_letters_immediately(rds):
@@ -877,8 +890,9 @@ def test_host_report_delays_the_pkey_by_its_seconds(rds, cap, code):
     assert t_report >= before
     assert 0 < wait <= delay + 1e-6
     assert sched_score(rds, A) == t_report + int(delay * 1e6)
-    # 'r' counts as a failure of the host, 'h' does not
-    assert fails_of(rds, A) == (1 if code == "r" else None)
+    # neither counts as a failure of the host; 'r' also halves its rate
+    assert fails_of(rds, A) is None
+    assert adapted_interval_us(rds, A) == (2000 if code == "r" else None)
     assert parked_reason(rds, A) is None
     got = claim_all(f, rds, 0, 1, n=10)
     if cap == 1:
@@ -1433,8 +1447,9 @@ def test_failure_reports_back_off_exponentially_with_equal_jitter_and_a_ceiling(
         assert f.ack(0, [c.token]) == 1
 
 
-def test_success_report_resets_the_failure_count(rds):
-    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=0.2, backoff_max_s=10, host_max_failures=3)
+def test_success_report_resets_the_failure_count_and_the_give_up_clock(rds):
+    f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=0.2, backoff_max_s=10, host_max_failures=3,
+                      host_give_up_s=0.5)
     f.push(0, [item(A, 1)])
     fail = HostReport(A, "f", 0.0, "HTTP 503")
     report(f, rds, 0, [fail, fail])
@@ -1446,20 +1461,22 @@ def test_success_report_resets_the_failure_count(rds):
     t = report(f, rds, 0, [fail])
     assert fails_of(rds, A) == 1
     assert abs(sched_score(rds, A) - (t + 100_000)) <= 2
-    # and the host is not parked after 3 failures that were not in a row
-    report(f, rds, 0, [fail])
-    assert fails_of(rds, A) == 2 and parked_reason(rds, A) is None
+    # many failures in a row are not a give-up by themselves...
+    report(f, rds, 0, [fail] * 5)
+    assert fails_of(rds, A) == 6 and parked_reason(rds, A) is None
+    # ...failing for host_give_up_s since the first failure of the run is
+    wait_server_past(rds, t + 500_000)
     report(f, rds, 0, [fail])
     assert parked_reason(rds, A) == "HTTP 503"
 
 
-def test_retry_after_report_holds_for_its_seconds_and_counts_a_failure(rds):
+def test_retry_after_report_holds_for_its_seconds_and_slows_the_host_down(rds):
     f = make_frontier(rds, max_rps_per_host=20, backoff_base_s=5, host_max_failures=10)
     f.push(0, [item(A, 1)])
     t = report(f, rds, 0, [HostReport(A, "r", 0.35, "HTTP 429 with Retry-After 0s")])
     # the hold is the Retry-After, not the exponential backoff (base 5 s)
     assert sched_score(rds, A) == t + 350_000
-    assert fails_of(rds, A) == 1
+    assert fails_of(rds, A) is None and adapted_interval_us(rds, A) == 100_000
     c, when = claim_all(f, rds, 0, 1)[0]
     assert when >= t + 350_000
     assert when < t + 350_000 + 1_500_000
@@ -1489,17 +1506,18 @@ def test_a_hold_also_applies_to_urls_pushed_later(rds):
     assert when >= t + 300_000
 
 
-def test_too_many_failures_park_the_host_and_its_urls_become_rows(rds):
+def test_a_host_failing_for_host_give_up_s_is_parked_and_its_urls_become_rows(rds):
     f = make_frontier(rds, max_rps_per_host=5, max_inflight_per_host=1, backoff_base_s=0.05,
-                      backoff_max_s=0.05, host_max_failures=3)
+                      backoff_max_s=0.05, host_max_failures=3, host_give_up_s=0.4)
     f.push(0, [item(A, i) for i in range(4)] + [item(B, 1), item(B, 2)])
     _, first = f.claim(0, 1)
     a0 = first[0]
     assert a0.payload == payload_of(A, 0) and inflight(rds, A) == 1
     fail = HostReport(A, "f", 0.5, "connection refused")
-    f.claim(0, 0, reports=[fail, fail])
+    t = report(f, rds, 0, [fail, fail])
     assert fails_of(rds, A) == 2 and parked_reason(rds, A) is None
     tat = gcra_tat(rds, A)
+    wait_server_past(rds, t + 400_000)
     wait, cl = f.claim(0, 10, reports=[HostReport(A, "f", 0.5, "HTTP 503")])
     assert parked_reason(rds, A) == "HTTP 503"
     assert f.snapshot(0).stats.get("parked") == 1
@@ -1529,15 +1547,52 @@ def test_too_many_failures_park_the_host_and_its_urls_become_rows(rds):
     assert inflight(rds, A) is None
     snap = f.snapshot(0)
     assert snap.queued == 1 and snap.claimed == 1  # B2 waiting, B1 claimed
+    # given up for host_give_up_s: then the host is tried afresh
+    until = int(rds.hget(skeys(0).parked, A).split(b"|")[0])
+    assert until >= t + 800_000
+    wait_server_past(rds, until)
+    f.push(0, [item(A, 10)])
+    again = claim_all(f, rds, 0, 1, n=10)
+    assert [(c.mode, c.payload) for c, _ in again] == [("", payload_of(A, 10))]
+    assert parked_reason(rds, A) is None and fails_of(rds, A) is None
+
+
+def test_a_host_failing_host_max_failures_times_is_probed_one_request_at_a_time(rds):
+    f = make_frontier(rds, max_rps_per_host=10000, max_inflight_per_host=3, backoff_base_s=0.01,
+                      backoff_max_s=0.01, host_max_failures=2, host_give_up_s=3600)
+    f.push(0, [item(A, i) for i in range(8)])
+
+    def in_flight_at_most() -> list:
+        got = []
+        for _ in range(40):  # GCRA hands out one per 100 us: collect what the cap lets through
+            got += f.claim(0, 10)[1]
+            time.sleep(0.001)
+        return got
+
+    fail = HostReport(A, "f", 0.0, "connection refused")
+    t = report(f, rds, 0, [fail])
+    wait_server_past(rds, t + 20_000)
+    first = in_flight_at_most()
+    assert len(first) == 3  # one failure: the cap is still 3
+    t = report(f, rds, 0, [fail])
+    assert fails_of(rds, A) == 2
+    wait_server_past(rds, t + 20_000)
+    f.claim(0, 0, fetched=[c.token for c in first])  # their fetches are over
+    probe = in_flight_at_most()
+    assert len(probe) == 1  # failing host_max_failures times in a row: one probe at a time
+    # the probe's success lifts the cap at once
+    f.claim(0, 0, fetched=[probe[0].token], reports=[HostReport(A, "o", 0.0, "")])
+    assert fails_of(rds, A) is None
+    assert len(in_flight_at_most()) == 3
 
 
 def test_park_report_gives_the_host_up_at_once(rds):
     f = make_frontier(rds, max_rps_per_host=5, host_max_failures=10)
     f.push(0, [item(A, 1), item(A, 2)])
     reason = "Retry-After 99999s over max_retry_after_s " + "x" * 400
-    wait, cl = f.claim(0, 10, reports=[HostReport(A, "p", 0.0, reason)])
+    wait, cl = f.claim(0, 10, reports=[HostReport(A, "p", 99999.0, reason)])
     assert parked_reason(rds, A) == reason[:300]
-    assert fails_of(rds, A) == 1
+    assert fails_of(rds, A) is None
     assert [(c.mode, c.payload) for c in cl] == [("host_parked: " + reason[:300], payload_of(A, i)) for i in (1, 2)]
     assert wait == -1.0
     assert f.snapshot(0).queued == 0
@@ -1548,7 +1603,7 @@ def test_a_parked_host_stays_due_after_a_hold_report(rds):
     # keys, a late 'h' (robots.txt of an in-flight fetch) must not delay its rows
     f = make_frontier(rds, max_rps_per_host=5, host_max_failures=10)
     f.push(0, [item(A, 1), item(A, 2)])
-    report(f, rds, 0, [HostReport(A, "p", 0.0, "gone")])
+    report(f, rds, 0, [HostReport(A, "p", 600.0, "gone")])
     wait, cl = f.claim(0, 10, reports=[HostReport(A, "h", 60.0, "robots.txt unreachable")])
     assert [(c.mode, c.payload) for c in cl] == [("host_parked: gone", payload_of(A, i)) for i in (1, 2)]
 
@@ -1556,7 +1611,7 @@ def test_a_parked_host_stays_due_after_a_hold_report(rds):
 def test_reclaim_of_a_parked_row_puts_it_on_the_skips_list(rds):
     f = make_frontier(rds, visibility_timeout_s=1, max_attempts=3)
     f.push(0, [item(A, 1)])
-    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 0.0, "gone")])
+    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 600.0, "gone")])
     assert [(c.mode, c.attempts) for c in cl] == [("host_parked: gone", 1)]
     wait_server_past(rds, deadline_us(rds, cl[0]))
     assert f.reclaim(0) == (1, 0)
@@ -1571,7 +1626,7 @@ def test_reclaim_of_a_parked_row_puts_it_on_the_skips_list(rds):
 def test_dead_letter_of_a_parked_row_keeps_its_pkey(rds):
     f = make_frontier(rds, max_attempts=1)
     f.push(0, [item(A, 1)])
-    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 0.0, "gone")])
+    _, cl = f.claim(0, 1, reports=[HostReport(A, "p", 600.0, "gone")])
     assert f.nack(0, cl[0].token, "disk full") == 2
     dl = f.dead_letters(0)
     assert [(d["pkey"], d["attempts"], d["reason"], d["payload"].encode()) for d in dl] == [

@@ -16,7 +16,7 @@ from crawld.config import CrawlConfig
 from crawld.fetcher import FetchResult, parse_retry_after
 from crawld.links import LinkPlanner, origin_of, robots_directives
 from crawld.netpolicy import AddressPolicy
-from crawld.outcomes import host_report, retry_url
+from crawld.outcomes import DEFER, RECORD, RETRY, disposition, host_report
 from crawld.robots import ALLOW_ALL, RULES, UNREACHABLE, RobotsPolicy, RobotsRecord, agent_token, classify
 from crawld.scope import Router, trap_reason, variant_key
 from crawld.sitemaps import MAX_UNCOMPRESSED, MAX_URLS, parse_sitemap
@@ -67,34 +67,48 @@ def test_agent_token(ua, token):
     assert agent_token(ua) == token
 
 
-def _res(status=None, kind=None, headers=None, retryable=False, truncated=False):
+def _res(status=None, kind=None, headers=None, retryable=False, truncated=False, unsent=False):
     return FetchResult(url="http://x.com/", started_at=0.0, status=status, headers=headers or {},
                        error=f"{kind}: x" if kind else None, error_kind=kind, retryable=retryable,
-                       truncated=truncated)
+                       truncated=truncated, unsent=unsent)
 
 
 @pytest.mark.parametrize("res,code", [
     (_res(200), "o"), (_res(404), "o"), (_res(301), "o"), (_res(500), "f"), (_res(502), "f"),
-    (_res(429), "f"), (_res(503), "f"), (_res(429, headers={"retry-after": "5"}), "r"),
+    # 429 and 503 mean "slower", not "broken" (RFC 6585 section 4, RFC 9110 section 15.6.4)
+    (_res(429), "a"), (_res(503), "a"), (_res(429, headers={"retry-after": "5"}), "r"),
     (_res(503, headers={"retry-after": "7"}), "r"), (_res(503, headers={"retry-after": "9999"}), "p"),
-    (_res(503, headers={"retry-after": "soon"}), "f"), (_res(kind="connect", retryable=True), "f"),
+    (_res(503, headers={"retry-after": "soon"}), "a"), (_res(kind="connect", retryable=True), "f"),
     (_res(kind="timeout", retryable=True), "f"), (_res(kind="invalid_url"), None), (_res(kind="blocked"), None),
 ])
 def test_host_report(res, code):
     rep = host_report("x.com", res, CFG, random.Random(1))
     assert (rep.code if rep else None) == code
-    if code == "r":
+    if code in ("r", "p"):
         assert rep.value == float(res.headers["retry-after"])
     if code == "f":
         assert 0 <= rep.value < 1
 
 
-@pytest.mark.parametrize("res,attempts,retry", [
-    (_res(503), 1, True), (_res(503), 3, False), (_res(500), 2, True), (_res(404), 1, False), (_res(200), 1, False),
-    (_res(429), 1, True), (_res(kind="timeout", retryable=True), 1, True), (_res(kind="invalid_url"), 1, False),
+REFUSED = _res(kind="connect", retryable=True, unsent=True)   # the request never left
+RESET = _res(kind="connect", retryable=True)                  # it left, the answer did not come
+
+
+@pytest.mark.parametrize("res,attempts,deferrals,action", [
+    # 429 and 503 put the URL back without spending an attempt...
+    (_res(503), 1, 0, DEFER), (_res(503), 3, 0, DEFER), (_res(429), 3, 10, DEFER),
+    # ... up to max_deferrals times; then they count as attempts
+    (_res(429), 1, 50, RETRY), (_res(429), 3, 50, RECORD),
+    # a connection that could not be made carried no request: deferred too
+    (REFUSED, 3, 0, DEFER), (REFUSED, 3, 50, RECORD),
+    # other failures worth another try spend an attempt
+    (RESET, 1, 0, RETRY), (RESET, 3, 0, RECORD), (_res(500), 2, 0, RETRY), (_res(500), 3, 0, RECORD),
+    (_res(kind="timeout", retryable=True), 1, 0, RETRY),
+    # final answers are recorded
+    (_res(404), 1, 0, RECORD), (_res(200), 1, 0, RECORD), (_res(kind="invalid_url"), 1, 0, RECORD),
 ])
-def test_retry_url(res, attempts, retry):
-    assert retry_url(res, attempts, CFG) is retry
+def test_disposition(res, attempts, deferrals, action):
+    assert disposition(res, attempts, deferrals, CFG) == action
 
 
 def test_retry_after_seconds_and_http_date():

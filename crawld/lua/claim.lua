@@ -1,9 +1,12 @@
 -- claim: take up to n entries to work on: first URLs to record without a
 -- fetch (skips, and the queues of given-up hosts), then URLs whose
--- politeness key is due.  For a due pkey it applies GCRA and the in-flight
--- cap, pops the pkey's oldest entry and records a claim with a visibility
--- deadline.  Before claiming it applies what the worker reports about
--- finished fetches: slots to give back and host outcomes (backoff, parking).
+-- politeness key is due.  For a due pkey it applies GCRA (the interval in
+-- force: this crawl's, Crawl-delay, adaptation, the slowest crawl's floor)
+-- and the in-flight cap, both shared by every crawl of the fleet, and the
+-- fair share between crawls waiting on the pkey; then pops the pkey's
+-- oldest entry and records a claim with a visibility deadline.  Before
+-- claiming it applies what the worker reports about finished fetches:
+-- slots to give back and host outcomes (backoff, adaptation, give-up).
 --
 -- ARGV[4] lease      the caller's lease token ("" = no lease check); if the
 --                    shard's lease is held by another token, nothing is
@@ -13,19 +16,26 @@
 -- ARGV[6] vt         visibility timeout (microseconds)
 -- ARGV[7] nf         number of tokens that follow, whose fetch is over
 -- ARGV[8 .. 7+nf]    those tokens (their in-flight slots are given back)
+-- then 4 settings: backoff_base_us, backoff_max_us, max_failures,
+--     give_up_us (0 = never give a failing host up)
 -- then groups of 4, host outcomes: pkey, code, value, reason
---     code "o": success, the pkey's failure count is reset
---     code "f": failure; value = jitter in [0, 1); back off
---               backoff_base * 2^(failures-1), at most backoff_max, scaled
---               by (0.5 + value / 2) ("equal jitter")
---     code "r": Retry-After; value = delay in microseconds
---     code "p": give the host up now (e.g. Retry-After beyond the limit)
+--     code "o": success: the failure count is reset, the adapted rate
+--               creeps back up (crawld.politeness.on_success)
+--     code "f": failure (5xx, connection, time-out); value = jitter in
+--               [0, 1); hold backoff_base * 2^(failures-1), at most
+--               backoff_max, scaled by (0.5 + value / 2) ("equal jitter");
+--               max_failures in a row: one request in flight at a time
+--               (probes); failing for give_up_us since the first failure
+--               of the run: given up ("parked") for give_up_us, its URLs
+--               handed out as rows to record, not fetched
+--     code "a": 429/503 without Retry-After: slow down (on_slowdown) and
+--               hold one new interval; not a failure
+--     code "r": 429/503 with Retry-After: the same, holding at least value
+--               microseconds
+--     code "p": give the host up now for value microseconds (a Retry-After
+--               beyond the crawl's limit)
 --     code "h": hold the host for value microseconds, not a failure
 --               (robots.txt unreachable: its own failure count applies)
---     a pkey failing max_failures times in a row is given up ("parked"):
---     its URLs are then handed out as rows to record, not fetched
--- the host-outcome group is preceded by 3 settings:
---     backoff_base_us, backoff_max_us, max_failures
 -- Returns {wait_us, token1, attempts1, mode1, payload1, token2, ...};
 -- wait_us is the time until the next scheduled pkey is due (-1: nothing
 -- scheduled).
@@ -38,10 +48,9 @@ for i = 8, 7 + nf do
   if pkey then schedule(pkey, now) end
 end
 local base = 8 + nf
-local backoff_base, backoff_max, max_failures = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-for i = base + 3, #ARGV, 4 do
-  host_outcome(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], now, backoff_base, backoff_max,
-    max_failures)
+local s = {tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
+for i = base + 4, #ARGV, 4 do
+  host_outcome(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], now, s)
 end
 
 local out = {0}
@@ -53,11 +62,11 @@ end
 if n > 0 then
   local skips = redis.call('LPOP', KEYS[11], n)
   if skips then
-    for _, s in ipairs(skips) do
-      local p1 = string.find(s, SEP, 1, true)
-      local p2 = string.find(s, SEP, p1 + 1, true)
-      local mode, payload = string.sub(s, 1, p1 - 1), string.sub(s, p2 + 1)
-      local attempts = tonumber(string.sub(s, p1 + 1, p2 - 1)) + 1
+    for _, e in ipairs(skips) do
+      local p1 = string.find(e, SEP, 1, true)
+      local p2 = string.find(e, SEP, p1 + 1, true)
+      local mode, payload = string.sub(e, 1, p1 - 1), string.sub(e, p2 + 1)
+      local attempts = tonumber(string.sub(e, p1 + 1, p2 - 1)) + 1
       out[#out + 1] = new_claim('f', '', attempts, mode, payload, now + vt)
       out[#out + 1] = attempts
       out[#out + 1] = mode
@@ -67,6 +76,12 @@ if n > 0 then
   end
 end
 -- 2. due politeness keys
+local function pop(pkey, member)
+  redis.call('ZREM', KEYS[1], member)
+  local p2 = string.find(member, SEP, #pkey + 2, true)
+  local p3 = string.find(member, SEP, p2 + 1, true)
+  return tonumber(string.sub(member, p2 + 1, p3 - 1)) + 1, string.sub(member, p3 + 1)
+end
 local steps = 0
 while got < n and steps < 4 * n + 16 do
   steps = steps + 1
@@ -74,16 +89,12 @@ while got < n and steps < 4 * n + 16 do
   local pkey = due[1]
   if not pkey then break end
   local member = first_of(pkey)
-  local parked = redis.call('HGET', KEYS[15], pkey)
+  local parked = member and parked_reason(pkey, now)
   if not member then
     redis.call('ZREM', KEYS[2], pkey)
   elseif parked then
     -- a given-up host: hand its URLs out as rows to record, no fetch
-    redis.call('ZREM', KEYS[1], member)
-    local p2 = string.find(member, SEP, #pkey + 2, true)
-    local p3 = string.find(member, SEP, p2 + 1, true)
-    local attempts = tonumber(string.sub(member, p2 + 1, p3 - 1)) + 1
-    local payload = string.sub(member, p3 + 1)
+    local attempts, payload = pop(pkey, member)
     local mode = 'host_parked: ' .. parked
     out[#out + 1] = new_claim('f', pkey, attempts, mode, payload, now + vt)
     out[#out + 1] = attempts
@@ -92,32 +103,54 @@ while got < n and steps < 4 * n + 16 do
     got = got + 1
     if not first_of(pkey) then redis.call('ZREM', KEYS[2], pkey) end
   else
-    local T, tau = interval(pkey)
+    local T, tau = interval(pkey, now)
     local tat = tonumber(redis.call('HGET', KEYS[3], pkey) or 0)
     if tat < now then tat = now end
     local inflight = tonumber(redis.call('HGET', KEYS[4], pkey) or 0)
-    if tat - tau > now then
-      redis.call('ZADD', KEYS[2], tat - tau, pkey)    -- not conforming yet
-    elseif inflight >= CAP then
-      redis.call('ZREM', KEYS[2], pkey)               -- park until a slot frees
-    else
-      redis.call('ZREM', KEYS[1], member)
-      local p2 = string.find(member, SEP, #pkey + 2, true)
-      local p3 = string.find(member, SEP, p2 + 1, true)
-      local attempts = tonumber(string.sub(member, p2 + 1, p3 - 1)) + 1
-      local payload = string.sub(member, p3 + 1)
-      tat = tat + T
-      redis.call('HSET', KEYS[3], pkey, tat)
-      inflight = redis.call('HINCRBY', KEYS[4], pkey, 1)
-      out[#out + 1] = new_claim('c', pkey, attempts, '', payload, now + vt)
-      out[#out + 1] = attempts
-      out[#out + 1] = ''
-      out[#out + 1] = payload
-      got = got + 1
-      if inflight < CAP and first_of(pkey) then
+    local cap = cap_of(pkey, s[3])
+    if tat - tau > now or inflight >= cap then
+      -- not conforming yet, or at the cap: wait, and ask for a turn if
+      -- another crawl took the slot (fair share)
+      local other
+      if tat - tau > now then
+        other = redis.call('HGET', KEYS[21], pkey .. SEP) ~= KEYS[1]
+      else
+        other = own_slots(pkey) < inflight
+      end
+      if other and redis.call('HEXISTS', KEYS[21], pkey) == 0 then
+        redis.call('HSET', KEYS[21], pkey, KEYS[1])
+      end
+      if tat - tau > now then
         redis.call('ZADD', KEYS[2], tat - tau, pkey)
       else
-        redis.call('ZREM', KEYS[2], pkey)
+        park_at_cap(pkey, inflight, now)
+      end
+    else
+      local want = redis.call('HGET', KEYS[21], pkey)
+      if want and want ~= KEYS[1] then
+        -- another crawl waits on this pkey: leave it this slot, once
+        redis.call('HDEL', KEYS[21], pkey)
+        redis.call('ZADD', KEYS[2], tat + T - tau, pkey)
+      else
+        if want then redis.call('HDEL', KEYS[21], pkey) end
+        local attempts, payload = pop(pkey, member)
+        tat = tat + T
+        redis.call('HSET', KEYS[3], pkey, tat)
+        inflight = take_slot(pkey)
+        renew_floor(pkey, now)
+        redis.call('HSET', KEYS[21], pkey .. SEP, KEYS[1])
+        out[#out + 1] = new_claim('c', pkey, attempts, '', payload, now + vt)
+        out[#out + 1] = attempts
+        out[#out + 1] = ''
+        out[#out + 1] = payload
+        got = got + 1
+        if not first_of(pkey) then
+          redis.call('ZREM', KEYS[2], pkey)
+        elseif inflight < cap then
+          redis.call('ZADD', KEYS[2], tat - tau, pkey)
+        else
+          park_at_cap(pkey, inflight, now)
+        end
       end
     end
   end

@@ -10,16 +10,20 @@
 -- ARGV[7] count         "1": this attempt counts toward max_attempts;
 --                       "0": it does not (e.g. deferred until robots.txt
 --                       can be read)
--- ARGV[8..14] optional host outcome: backoff_base_us, backoff_max_us,
---             max_failures, pkey, code, value, reason (as in claim.lua)
+-- ARGV[8] payload       "" to queue the entry as claimed, else the entry's
+--                       new payload (a deferral count carried in it)
+-- ARGV[9..16] optional host outcome: backoff_base_us, backoff_max_us,
+--             max_failures, give_up_us, pkey, code, value, reason (as in
+--             claim.lua)
 -- Returns 1 requeued, 2 dead-lettered, 0 token not claimed.
 local now = now_us()
 local pkey, attempts, mode, payload = release(ARGV[5])
-if ARGV[11] then
-  host_outcome(ARGV[11], ARGV[12], tonumber(ARGV[13]), ARGV[14], now, tonumber(ARGV[8]), tonumber(ARGV[9]),
-    tonumber(ARGV[10]))
+if ARGV[13] then
+  host_outcome(ARGV[13], ARGV[14], tonumber(ARGV[15]), ARGV[16], now,
+    {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])})
 end
 if not pkey then return 0 end
+if ARGV[8] and ARGV[8] ~= '' then payload = ARGV[8] end
 redis.call('HINCRBY', KEYS[9], 'nacked', 1)
 if ARGV[7] == '0' then
   attempts = attempts - 1

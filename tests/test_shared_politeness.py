@@ -1,0 +1,185 @@
+"""One politeness state per registered domain for the whole fleet, shared by
+every crawl (DESIGN.md promise 2: "whatever the number of workers, crawls,
+restarts or overlapping processes").
+
+Two crawls on one Redis claim URLs of the same domain through their own
+frontiers; the claim script of each reads and charges the one GCRA
+timestamp, in-flight count, Retry-After hold and adapted rate of the domain.
+Claim times are Redis server times (each claim's deadline minus the
+visibility timeout), so the windows are exact.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from crawld import keys
+from crawld.config import CrawlConfig
+from crawld.crawls import SharedDomainConflict, create_crawl, seed
+from crawld.frontier import Claim, Entry, Frontier, HostReport, PushItem
+from crawld.sharding import shard_for
+from crawld.urls import fingerprint
+
+DOMAIN = "shared.example"
+VT_US = 30_000_000
+
+
+def frontier(rds, crawl_id: str, **over) -> Frontier:
+    cfg = CrawlConfig.from_dict({"crawl_id": crawl_id, "num_shards": 1, "visibility_timeout_s": VT_US / 1e6,
+                                 "max_inflight_per_host": 8, **over})
+    return Frontier(rds, cfg)
+
+
+def push(f: Frontier, n: int, pkey: str = DOMAIN) -> None:
+    items = []
+    for i in range(n):
+        url = f"http://{pkey}/{f.config.crawl_id}/{i}"
+        items.append(PushItem(fingerprint(url), pkey, pkey, "", "", Entry(url, url).to_payload()))
+    assert f.push(0, items)[0] == n
+
+
+def claimed_at_us(rds, f: Frontier, c: Claim) -> int:
+    deadline = rds.zscore(keys.shard_keys(f.config.crawl_id, 0).claimed, c.token)
+    return int(deadline) - VT_US
+
+
+def server_us(rds) -> int:
+    s, us = rds.time()
+    return s * 1_000_000 + us
+
+
+def eager_claims(rds, frontiers: list[Frontier], seconds: float) -> dict[str, list[int]]:
+    """Every crawl claims (and finishes at once) as often as it can, in the
+    same order each round, for ``seconds``; returns the claim times of each."""
+    times: dict[str, list[int]] = {f.config.crawl_id: [] for f in frontiers}
+    done: dict[str, list[bytes]] = {f.config.crawl_id: [] for f in frontiers}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for f in frontiers:
+            cid = f.config.crawl_id
+            _, cl = f.claim(0, 4, fetched=done[cid])
+            if done[cid]:
+                f.ack(0, done[cid])
+            done[cid] = [c.token for c in cl]
+            times[cid] += [claimed_at_us(rds, f, c) for c in cl]
+        time.sleep(0.002)
+    return times
+
+
+def most_in_window(ts: list[int], window_us: int) -> int:
+    ts = sorted(ts)
+    best, j = 0, 0
+    for i in range(len(ts)):
+        while ts[i] - ts[j] >= window_us:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_two_crawls_of_one_domain_share_its_rate_and_take_turns(rds):
+    a, b = frontier(rds, "crawl-a", max_rps_per_host=10), frontier(rds, "crawl-b", max_rps_per_host=10)
+    push(a, 60)
+    push(b, 60)
+    times = eager_claims(rds, [a, b], 2.5)
+    both = times["crawl-a"] + times["crawl-b"]
+    # GCRA of the union, burst 1: at most w / T + 1 requests in any window w
+    assert most_in_window(both, 1_000_000) <= 11
+    assert most_in_window(both, 2_000_000) <= 21
+    assert len(both) >= 20  # and it ran near its rate
+    # fair share: crawl-a always asks first, yet each gets about half
+    na, nb = len(times["crawl-a"]), len(times["crawl-b"])
+    assert min(na, nb) >= 0.4 * (na + nb), (na, nb)
+
+
+def test_the_slower_crawls_rate_binds_the_faster_one_on_a_shared_domain(rds):
+    slow, fast = frontier(rds, "slow", max_rps_per_host=4), frontier(rds, "fast", max_rps_per_host=40)
+    push(slow, 40)
+    push(fast, 200)
+    times = eager_claims(rds, [fast, slow], 2.5)
+    both = times["slow"] + times["fast"]
+    # while the 4 r/s crawl is at work the domain gets 4 r/s, not 40
+    assert most_in_window(both, 1_000_000) <= 5
+    assert times["slow"], "the slow crawl got no turn"
+
+
+def test_the_in_flight_cap_is_shared_and_a_freed_slot_reaches_the_other_crawl(rds):
+    a = frontier(rds, "cap-a", max_rps_per_host=1000, max_inflight_per_host=2)
+    b = frontier(rds, "cap-b", max_rps_per_host=1000, max_inflight_per_host=2)
+    push(a, 5)
+    push(b, 5)
+    held = []
+    for _ in range(20):
+        held += a.claim(0, 2)[1]
+        time.sleep(0.002)
+    assert len(held) == 2
+    assert b.claim(0, 2)[1] == []  # the domain's two slots are crawl-a's
+    a.claim(0, 0, fetched=[held[0].token])  # one fetch ends
+    got, deadline = [], time.monotonic() + 2.0
+    while not got and time.monotonic() < deadline:
+        got = b.claim(0, 2)[1]
+        a.claim(0, 0)  # crawl-a looks too: it must leave the slot to crawl-b, who waits
+        time.sleep(0.01)
+    assert len(got) == 1
+
+
+def test_a_retry_after_seen_by_one_crawl_holds_the_domain_for_every_crawl(rds):
+    a, b = frontier(rds, "ra-a", max_rps_per_host=100), frontier(rds, "ra-b", max_rps_per_host=100)
+    push(a, 2)
+    push(b, 2)
+    before = server_us(rds)
+    a.claim(0, 0, reports=[HostReport(DOMAIN, "r", 0.5, "HTTP 429 with Retry-After 0s")])
+    wait, cl = b.claim(0, 4)
+    assert cl == [] and 0.3 < wait <= 0.5
+    got = []
+    while not got:
+        got = b.claim(0, 4)[1]
+        time.sleep(0.01)
+    assert claimed_at_us(rds, b, got[0]) >= before + 500_000
+
+
+def test_a_crawl_routing_a_shared_domain_elsewhere_is_refused_until_the_other_is_done(rds):
+    seeds = ["http://www.shared-site.com/"]
+    pkey = "shared-site.com"
+    first = CrawlConfig.from_dict({"crawl_id": "first", "seeds": seeds, "num_shards": 4})
+    create_crawl(rds, first, seeds)
+    seed(rds, first, seeds)
+    n = next(n for n in range(2, 64) if shard_for(pkey, n) != shard_for(pkey, 4))
+    other = CrawlConfig.from_dict({"crawl_id": "second", "seeds": seeds, "num_shards": n})
+    with pytest.raises(SharedDomainConflict) as err:
+        create_crawl(rds, other, seeds)
+    assert "crawl first" in str(err.value) and f"--shards 4" in str(err.value)
+    assert not rds.exists(keys.crawl_config("second"))
+    # the same routing is fine
+    create_crawl(rds, CrawlConfig.from_dict({"crawl_id": "third", "seeds": seeds, "num_shards": 4}), seeds)
+    # once the first crawl has nothing queued or claimed, it fetches nothing: fine too
+    f = Frontier(rds, first)
+    shard = shard_for(pkey, 4)
+    _, cl = f.claim(shard, 10)
+    assert len(cl) == 1
+    f.ack(shard, [c.token for c in cl])
+    rds.delete(keys.crawl_config("third"))
+    rds.srem(keys.CRAWLS, "third")
+    create_crawl(rds, other, seeds)
+
+
+def test_purging_a_crawl_gives_its_in_flight_slots_back_to_the_others(rds, run_crawlctl, redis_server):
+    a = frontier(rds, "gone", max_rps_per_host=1000, max_inflight_per_host=2)
+    b = frontier(rds, "stays", max_rps_per_host=1000, max_inflight_per_host=2)
+    rds.set(keys.crawl_config("gone"), a.config.to_json())
+    rds.sadd(keys.CRAWLS, "gone")
+    push(a, 3)
+    push(b, 3)
+    held = []
+    for _ in range(20):
+        held += a.claim(0, 2)[1]
+        time.sleep(0.002)
+    assert len(held) == 2 and b.claim(0, 2)[1] == []
+    proc = run_crawlctl("purge", "--crawl-id", "gone", "--force", "--wait", "0.1", "--redis-url", redis_server.url)
+    assert proc.returncode == 0, proc.stderr
+    got, deadline = [], time.monotonic() + 2.0
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += b.claim(0, 2)[1]
+        time.sleep(0.01)
+    assert len(got) == 2
