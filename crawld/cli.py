@@ -19,7 +19,9 @@ from pathlib import Path
 from . import __version__, exitcodes, settings
 from .cliargs import Parser, crawl_id_arg, int_range, nonempty_path, percent, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig, settings_table
-from .crawls import CrawlExists, NoSuchCrawl, check_seeds, create_crawl, export_dead_letters, load_crawl, seed
+from .config import default_family
+from .crawls import (CrawlExists, NoSuchCrawl, check_seeds, create_crawl, export_dead_letters, load_crawl,
+                     read_seeds_file, seed)
 from .frontier import Frontier, register_plain_script
 from .localredis import RedisServerError
 from .merge import merge_crawl
@@ -31,6 +33,8 @@ from .urls import BadURL
 
 #: ``crawlctl run`` starts one worker process per shard on this machine.
 MAX_LOCAL_SHARDS = 128
+#: most seeds stored in a crawl's config (more: only their domains, in its scope set)
+MAX_CONFIG_SEEDS = 100
 
 
 class CliError(Exception):
@@ -125,10 +129,44 @@ def _add_crawl_options(p: argparse.ArgumentParser, crawl_id_help: str, required:
                    help="any crawl setting, e.g. --set robots_ttl_s=3600 (repeatable; see 'crawlctl settings')")
 
 
-def _with_family(config: CrawlConfig) -> CrawlConfig:
-    """``config`` with its ``family`` stored explicitly (empty = the seeds'
-    registered domains), so that later crawls of the same sites compare."""
-    return config if config.family else config.replace(family=config.family_name)
+def _add_seeds_file_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds-file", metavar="FILE", action="append",
+                   help="more seed URLs, one a line ('#' starts a comment line; '-' reads stdin); any "
+                        "number, only their registered domains are stored with the crawl (repeatable)")
+
+
+def _seeds(args) -> list[str]:
+    """The seeds of the command line and of ``--seeds-file`` files, checked.
+
+    Raises:
+        CliError: a file cannot be read, or no seed at all (usage).
+        BadURL: naming the first seed that is not a URL (and its file and line).
+    """
+    seeds = list(args.seeds or [])
+    for name in args.seeds_file or ():
+        try:
+            seeds += read_seeds_file(name)
+        except OSError as exc:
+            raise CliError(f"--seeds-file {name}: {exc.strerror or exc}", exitcodes.NOINPUT)
+    if not seeds:
+        raise CliError("no seed URL given (SEED_URL arguments or --seeds-file)", exitcodes.USAGE)
+    return check_seeds(seeds)
+
+
+def _config_seeds(seeds: list[str]) -> list[str]:
+    """The seeds stored in the crawl's config: all of a short list; none of
+    a long one (its registered domains are the crawl's scope set, and every
+    worker and reclaim pass reads the config)."""
+    return seeds if len(seeds) <= MAX_CONFIG_SEEDS else []
+
+
+def _with_family(config: CrawlConfig, seeds: list[str] | None = None) -> CrawlConfig:
+    """``config`` with its ``family`` stored explicitly (empty = the
+    registered domains of ``seeds``, default the config's), so that later
+    crawls of the same sites compare."""
+    if config.family:
+        return config
+    return config.replace(family=default_family(seeds if seeds is not None else config.seeds))
 
 
 def _new_crawl_id() -> str:
@@ -138,7 +176,7 @@ def _new_crawl_id() -> str:
 def cmd_run(args) -> int:
     from .runner import RunFailed, RunInterrupted, RunOptions, print_summary, run_crawl
 
-    seeds = check_seeds(args.seeds)
+    seeds = _seeds(args)
     # workers, reclaimer and supervisor log warnings and errors only, unless
     # asked: the live progress line and the summary are the run's output
     os.environ.setdefault("CRAWLD_LOG_LEVEL", "info" if args.verbose else "warning")
@@ -160,9 +198,9 @@ def cmd_run(args) -> int:
             check_writable(out)
         except OSError as exc:
             raise CliError(f"--out {out_text}: not writable ({exc.strerror or exc})", exitcodes.CANTCREAT)
-    data = {**defaults, "crawl_id": args.crawl_id or _new_crawl_id(), "seeds": seeds, "output": str(out),
-            **_crawl_settings(args)}
-    config = _with_family(CrawlConfig.from_dict(data))
+    data = {**defaults, "crawl_id": args.crawl_id or _new_crawl_id(), "seeds": _config_seeds(seeds),
+            "output": str(out), **_crawl_settings(args)}
+    config = _with_family(CrawlConfig.from_dict(data), seeds)
     if list_remote_parts(storage, config.crawl_id) if storage is not None else list_parts(out, config.crawl_id):
         where = storage.location_of(f"parts/{config.crawl_id}") if storage is not None else out / "parts" / config.crawl_id
         raise CliError(f"crawl_id: {where} already holds parts of a crawl "
@@ -178,7 +216,7 @@ def cmd_run(args) -> int:
 
         opts.env["CRAWLD_SPOOL_DIR"] = tempfile.mkdtemp(prefix=f"crawld-spool-{config.crawl_id}-")
     try:
-        summary = run_crawl(config, opts)
+        summary = run_crawl(config, opts, seeds=seeds)
     except RunInterrupted as exc:
         raise CliError(str(exc), exitcodes.INTERRUPTED)
     except RunFailed as exc:
@@ -223,12 +261,13 @@ def _loopback_seeds(config: CrawlConfig, seeds: list[str]) -> list[str]:
 
 
 def cmd_seed(args) -> int:
-    seeds = check_seeds(args.seeds)
+    seeds = _seeds(args)
     defaults = machine().crawl_defaults
     out_text = args.out or defaults.get("output") or "crawl-output"
     output = out_text if "://" in out_text else str(Path(out_text).resolve())
-    data = {**defaults, "crawl_id": args.crawl_id, "seeds": seeds, "output": output, **_crawl_settings(args)}
-    config = _with_family(CrawlConfig.from_dict(data))
+    data = {**defaults, "crawl_id": args.crawl_id, "seeds": _config_seeds(seeds), "output": output,
+            **_crawl_settings(args)}
+    config = _with_family(CrawlConfig.from_dict(data), seeds)
     client = _client(args)
     create_crawl(client, config, seeds)
     n = seed(client, config, seeds)
@@ -585,7 +624,60 @@ def cmd_merge(args) -> int:
         record_merge(client, config, res)  # for 'crawlctl verify' (row count vs the previous crawl)
     print(f"artifact={res.path} rows={res.rows} duplicates_dropped={res.duplicates} "
           f"torn_lines_skipped={res.bad_lines} parts={res.parts} "
-          f"cross_shard_duplicates={res.cross_shard_duplicates}")
+          f"cross_shard_duplicates={res.cross_shard_duplicates} retried={res.retried}")
+    return exitcodes.OK
+
+
+def cmd_retry(args) -> int:
+    """crawlctl retry --crawl-id ID [--outcome O] [--status S] [--host H] [--dry-run] [--run]"""
+    from . import keys, retry
+
+    client = _client(args)
+    config = load_crawl(client, args.crawl_id)
+    state = (client.get(keys.crawl_state(config.crawl_id)) or b"active").decode()
+    if state == "cancelled":
+        raise CliError(f"crawl {config.crawl_id} is cancelled; nothing of it is fetched again", exitcodes.FAILED)
+    try:
+        flt = retry.RetryFilter(tuple(args.outcome or retry.DEFAULT_OUTCOMES),
+                                tuple(retry.check_status(x) for x in args.status or ()),
+                                tuple(h.strip().lower().rstrip(".") for h in args.host or ()))
+    except ValueError as exc:
+        raise CliError(f"--status: {exc}", exitcodes.USAGE)
+    # the artifact, merged now: the newest row of every URL
+    export_dead_letters(client, config)
+    if is_remote(config.output):
+        try:
+            with merged(config.output, config.crawl_id, config.created_at) as (res, artifact):
+                rows = retry.select(res.path, flt)
+        except FileNotFoundError:
+            raise CliError(f"no parts of crawl {config.crawl_id!r} under {config.output}", exitcodes.FAILED)
+    else:
+        if not list_parts(config.output, config.crawl_id):
+            raise CliError(f"no parts of crawl {config.crawl_id!r} under {config.output}", exitcodes.FAILED)
+        rows = retry.select(merge_crawl(config.output, config.crawl_id, config.created_at).path, flt)
+    what = retry.describe(rows, flt)
+    if args.dry_run or not rows:
+        print(f"crawl {config.crawl_id}: {len(rows)} URL(s) to retry ({what})" + (" [dry run]" if rows else ""))
+        return exitcodes.OK
+    gen, queued = retry.requeue(client, config, rows)
+    print(f"crawl {config.crawl_id}: retry {gen} queued {sum(queued.values())} URL(s) on {len(queued)} "
+          f"shard(s) ({what})")
+    if not args.run:
+        print(f"workers serving the crawl fetch them; 'crawlctl merge --crawl-id {config.crawl_id}' then keeps "
+              "the newest row of each URL (or 'crawlctl retry --run' serves it here)")
+        return exitcodes.OK
+    from .runner import RunFailed, RunInterrupted, RunOptions, print_summary, run_crawl
+
+    os.environ.setdefault("CRAWLD_LOG_LEVEL", "warning")
+    opts = RunOptions(redis_url=_redis_url(args), concurrency=args.workers or machine()["NUM_WORKERS"],
+                      proxy=args.proxy or machine()["CRAWLD_PROXY"], progress=sys.stderr.isatty())
+    try:
+        summary = run_crawl(config, opts, resume=True)
+    except RunInterrupted as exc:
+        raise CliError(str(exc), exitcodes.INTERRUPTED)
+    except RunFailed as exc:
+        raise CliError(str(exc), exitcodes.FAILED)
+    print_summary(summary, args.json)
     return exitcodes.OK
 
 
@@ -705,7 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--redis-url is given, one worker process per shard plus the reclaimer, "
                                    "until every shard is empty and nothing is claimed; then merge and "
                                    "print a summary.")
-    r.add_argument("seeds", nargs="+", metavar="SEED_URL")
+    r.add_argument("seeds", nargs="*", metavar="SEED_URL")
+    _add_seeds_file_option(r)
     _add_crawl_options(r, "crawl name (default: run-<UTC time>-<pid>)")
     r.add_argument("--workers", type=int_range(1, 1000), metavar="N",
                    help="concurrent fetches per shard worker, 1-1000 (default $NUM_WORKERS or 32)")
@@ -723,12 +816,39 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("seed", help="create a crawl in Redis and queue its seeds (workers pick it up)")
-    s.add_argument("seeds", nargs="+", metavar="SEED_URL")
+    s.add_argument("seeds", nargs="*", metavar="SEED_URL")
+    _add_seeds_file_option(s)
     _add_crawl_options(s, "crawl name", required=True)
     s.add_argument("--out", type=nonempty_path, metavar="DIR",
                    help="output location (default $OUTPUT_BUCKET or ./crawl-output)")
     s.add_argument("--redis-url")
     s.set_defaults(func=cmd_seed)
+
+    rt = sub.add_parser("retry", help="fetch again the URLs whose row is an error (same crawl)",
+                        description="Merge the crawl's parts, select the URLs whose newest row is an error "
+                                    "(by default outcome error or dead_letter) and queue them again past the "
+                                    "visited set, with no attempt spent. Workers serving the crawl fetch "
+                                    "them; the next merge keeps the newest row of each URL and counts the "
+                                    "older ones it replaced ('retried'). Never retries what the crawl's "
+                                    "rules or the site refused (out of scope, robots.txt disallowed, ...).")
+    rt.add_argument("--crawl-id", type=crawl_id_arg, required=True)
+    rt.add_argument("--outcome", action="append", choices=("error", "dead_letter", "host_parked", "robots_unreachable"),
+                    help="rows to retry (repeatable; default error and dead_letter): host_parked = URLs of a "
+                         "host that was given up, robots_unreachable = URLs blocked because robots.txt "
+                         "could not be read")
+    rt.add_argument("--status", action="append", metavar="S",
+                    help="only rows with this status: 5xx, 4xx, a code (503), or none (no response); repeatable")
+    rt.add_argument("--host", action="append", metavar="H",
+                    help="only rows of this host (or its sub-domains); repeatable")
+    rt.add_argument("--dry-run", action="store_true", help="count what would be retried, queue nothing")
+    rt.add_argument("--run", action="store_true",
+                    help="serve the crawl here (workers and reclaimer, as 'crawlctl run') until it is finished "
+                         "again, then merge and print the summary")
+    rt.add_argument("--workers", type=int_range(1, 1000), metavar="N", help="with --run: as for 'crawlctl run'")
+    rt.add_argument("--proxy", type=proxy_url, metavar="URL", help="with --run: as for 'crawlctl run'")
+    rt.add_argument("--json", action="store_true", help="with --run: print the summary as JSON")
+    rt.add_argument("--redis-url")
+    rt.set_defaults(func=cmd_retry)
 
     q = sub.add_parser("queue-depth", help="URLs queued and claimed (total=N)")
     q.add_argument("--crawl-id", type=crawl_id_arg, required=True)

@@ -189,7 +189,10 @@ def _family(v: Any) -> str:
 def default_family(seeds: Any) -> str:
     """The default crawl family of ``seeds``: their registered domains
     (politeness keys, :func:`crawld.sharding.politeness_key`), sorted,
-    deduplicated and joined by ``,``.  Seeds that are not URLs are ignored."""
+    deduplicated and joined by ``,``; for many domains (over 200
+    characters) the first three, how many more, and a 64-bit blake2b digest
+    of the whole list (``a.com,b.org,c.net +297 #1f2e...``), so that crawls
+    of the same sites still compare.  Seeds that are not URLs are ignored."""
     from urllib.parse import urlsplit
 
     from .sharding import politeness_key
@@ -202,7 +205,13 @@ def default_family(seeds: Any) -> str:
             host = None
         if host:
             domains.add(politeness_key(host))
-    return ",".join(sorted(domains))
+    joined = ",".join(sorted(domains))
+    if len(joined) <= 200:
+        return joined
+    import hashlib
+
+    digest = hashlib.blake2b(joined.encode("utf-8"), digest_size=8).hexdigest()
+    return f"{','.join(sorted(domains)[:3])} +{len(domains) - 3} #{digest}"
 
 
 def _utc_time(v: Any) -> str:

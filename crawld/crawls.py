@@ -23,6 +23,10 @@ from .sharding import shard_for
 from .urls import BadURL, canonicalize, fingerprint, without_userinfo
 
 
+#: seeds (and scope domains) written per Redis call
+SEED_BATCH = 1000
+
+
 class NoSuchCrawl(ConfigError):
     """No crawl has the given id in this Redis (``crawlctl`` exits 66)."""
 
@@ -112,7 +116,9 @@ def record_scope(client: redis.Redis, config: CrawlConfig, domains: set[str], *,
         check_shared_routing(client, config, domains)
         if then is not None:
             then()
-        added = client.sadd(keys.crawl_scope(config.crawl_id), *domains) if domains else 0
+        added, ds = 0, sorted(domains)
+        for i in range(0, len(ds), SEED_BATCH):
+            added += client.sadd(keys.crawl_scope(config.crawl_id), *ds[i:i + SEED_BATCH])
         return int(added)
     finally:
         if client.get(lock) == token.encode():
@@ -152,6 +158,34 @@ def check_shared_routing(client: redis.Redis, config: CrawlConfig, domains: set[
                 f"shard {shard_for(d, config.num_shards, mine)} of {config.num_shards}; a domain's politeness "
                 f"state is shared by every crawl on one shard number, so use --shards {other.num_shards} "
                 f"(and the same shard_overrides), or wait until crawl {other_id} is finished or cancelled")
+
+
+def read_seeds_file(name: str) -> list[str]:
+    """Seed URLs from a text file (``-``: standard input): one a line,
+    blank lines and lines starting with ``#`` skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        BadURL: naming the file, line and the first seed that is not a URL.
+    """
+    import sys
+
+    stream = sys.stdin if name == "-" else open(name, encoding="utf-8", errors="replace")
+    out = []
+    try:
+        for n, line in enumerate(stream, 1):
+            u = line.strip()
+            if not u or u.startswith("#"):
+                continue
+            try:
+                canonicalize(u)
+            except BadURL as exc:
+                raise BadURL(f"{'stdin' if name == '-' else name}:{n}: seed {u[:200]!r}: {exc}") from None
+            out.append(u)
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    return out
 
 
 def create_crawl(client: redis.Redis, config: CrawlConfig, seeds: list[str] | tuple[str, ...] = ()) -> None:
@@ -221,7 +255,9 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
         fp = fingerprint(canon)
         payload = Entry(without_userinfo(u), canon, 0).to_payload()
         by_shard.setdefault(r.shard, []).append(PushItem(fp, r.pkey, r.host, variant_key(canon), "", payload))
-    return sum(frontier.push(s, items)[0] for s, items in by_shard.items())
+    # in batches: one script call runs alone on its Redis
+    return sum(frontier.push(s, items[i:i + SEED_BATCH])[0]
+               for s, items in by_shard.items() for i in range(0, len(items), SEED_BATCH))
 
 
 def export_dead_letters(client: redis.Redis, config: CrawlConfig) -> int:

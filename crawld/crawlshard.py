@@ -378,7 +378,7 @@ class CrawlShard:
         return dict(crawl_id=self.config.crawl_id, url=entry.url, canonical_url=entry.canonical,
                     shard=self.shard, attempt=claim.attempts, depth=entry.depth, referrer=entry.referrer,
                     host=self.router.route(entry.canonical).host, fetched_at=fetched_at, response_ms=0.0,
-                    redirect_chain=entry.redirect_chain)
+                    redirect_chain=entry.redirect_chain, retry=entry.retry)
 
     def _record(self, entry: Entry, claim: Claim, mode: str, skip: bool = True) -> None:
         """A row for a URL that is not fetched, and why."""

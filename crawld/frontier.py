@@ -19,7 +19,8 @@ neither lose nor duplicate an entry:
 * lease / release  take, renew or give up the shard's lease (fencing: a
           claim made with a lease token fails once another token holds it);
 * abandon drop every claim of a crawl being purged, giving its in-flight
-          slots back.
+          slots back;
+* requeue queue URLs to fetch again past the visited set (crawlctl retry).
 
 Besides URLs to fetch, the frontier carries URLs to *record without
 fetching* (a "mode" naming why: out of scope, over depth, over budget, host
@@ -47,7 +48,7 @@ from .redisconn import is_cluster
 ENTRY_VERSION = 1
 
 _LUA_DIR = Path(__file__).with_name("lua")
-_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate", "lease", "release", "abandon")
+_SCRIPTS = ("push", "claim", "ack", "nack", "extend", "reclaim", "reserve", "rate", "lease", "release", "abandon", "requeue")
 
 
 def load_script_source(name: str) -> str:
@@ -72,7 +73,8 @@ class Entry:
     ``page`` or ``sitemap`` (a sitemap's URLs are pushed, not its links),
     ``deferrals`` how many times it was put back without spending an
     attempt (429, 503, a connection that could not be made:
-    :func:`crawld.outcomes.disposition`).
+    :func:`crawld.outcomes.disposition`), ``retry`` the generation of the
+    ``crawlctl retry`` that queued it again (0: none, :mod:`crawld.retry`).
     """
 
     url: str
@@ -82,6 +84,7 @@ class Entry:
     redirect_chain: tuple[str, ...] = ()
     kind: str = "page"
     deferrals: int = 0
+    retry: int = 0
 
     def to_payload(self) -> bytes:
         """Compact JSON with the schema version."""
@@ -94,6 +97,8 @@ class Entry:
             d["k"] = self.kind
         if self.deferrals:
             d["df"] = self.deferrals
+        if self.retry:
+            d["rg"] = self.retry
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @classmethod
@@ -108,7 +113,7 @@ class Entry:
             raise ValueError(f"unsupported entry payload version {d.get('v') if isinstance(d, dict) else None!r}")
         return cls(url=d["u"], canonical=d["c"], depth=int(d.get("d", 0)),
                    referrer=d.get("r"), redirect_chain=tuple(d.get("rc", ())), kind=d.get("k", "page"),
-                   deferrals=int(d.get("df", 0)))
+                   deferrals=int(d.get("df", 0)), retry=int(d.get("rg", 0)))
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,10 @@ class ShardSnapshot:
         """Nothing queued (to fetch or to record) and nothing claimed."""
         return self.queued == 0 and self.claimed == 0 and self.skips == 0
 
-    def activity(self) -> tuple[int, int, int]:
+    def activity(self) -> tuple[int, int, int, int]:
         """Counters that move whenever work enters or leaves the queues."""
-        return (self.stats.get("pushed", 0), self.stats.get("skip_pushed", 0), self.stats.get("claimed", 0))
+        return (self.stats.get("pushed", 0), self.stats.get("skip_pushed", 0), self.stats.get("claimed", 0),
+                self.stats.get("retried", 0))
 
 
 def crawl_finished(prev: Sequence[ShardSnapshot] | None, cur: Sequence[ShardSnapshot]) -> bool:
@@ -331,6 +337,17 @@ class Frontier:
         """Return expired claims; ``(requeued, dead_lettered)``."""
         r = self._run("reclaim", shard, [self.config.max_attempts, limit])
         return int(r[0]), int(r[1])
+
+    def requeue(self, shard: int, items: Iterable[tuple[str, bytes]]) -> int:
+        """Queue URLs of ``shard`` to be fetched again, past the visited set
+        (``crawlctl retry``): ``items`` are ``(pkey, payload)``; returns how
+        many were queued (counted in the shard's stats as ``retried``)."""
+        args: list[Any] = []
+        for pkey, payload in items:
+            args += (pkey, payload)
+        if not args:
+            return 0
+        return int(self._run("requeue", shard, args))
 
     def abandon(self, shard: int, limit: int = 1000) -> int:
         """Drop every claim of ``shard`` without requeueing it (a crawl

@@ -177,6 +177,12 @@ def crawl_scope(crawl_id: str) -> str:
 SCOPE_LOCK = f"{PREFIX}:scope:lock"
 
 
+def crawl_retries(crawl_id: str) -> str:
+    """String counter: the generation of the crawl's last ``crawlctl retry``
+    (absent = 0); each retry's requeued URLs carry it into their rows."""
+    return f"{PREFIX}:{{{crawl_id}}}:retries"
+
+
 def crawl_control(crawl_id: str) -> str:
     """Hash of operator requests for a crawl (e.g. ``drain`` -> 1)."""
     return f"{PREFIX}:{{{crawl_id}}}:control"

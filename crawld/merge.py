@@ -1,7 +1,9 @@
 """Merge a crawl's NDJSON parts into one Parquet artifact, in bounded memory.
 
 Rows whose ``canonical_url`` was already seen are dropped and counted; the
-row kept of each duplicate group is the first in *part order*
+row kept of each duplicate group is the one of the latest ``retry``
+generation (a URL fetched again by ``crawlctl retry``: its older rows are
+counted as ``retried``, not as duplicates), and of those the first in *part order*
 (:func:`crawld.output.list_parts`: fetch parts, then dead letters, then skip
 parts, each group sorted; inside a part, line order).  The artifact is
 written with a ``pyarrow.parquet.ParquetWriter`` (snappy) and the explicit
@@ -91,7 +93,9 @@ class MergeResult:
     counts the dropped duplicates whose kept row came from another shard
     (the ``shard`` column): a URL owned by two shards, which a correct
     frontier never produces.  ``partitions`` is the number of hash
-    partitions the rows were spilled to (see the module docstring)."""
+    partitions the rows were spilled to (see the module docstring);
+    ``retried`` the rows dropped because a ``crawlctl retry`` fetched their
+    URL again (a newer generation's row kept; not counted as duplicates)."""
 
     path: Path
     rows: int
@@ -100,6 +104,7 @@ class MergeResult:
     parts: int
     cross_shard_duplicates: int = 0
     partitions: int = 1
+    retried: int = 0
 
 
 def artifact_path(output: str | os.PathLike, crawl_id: str, created_at: str) -> Path:
@@ -260,27 +265,38 @@ def _partition_pass(parts: list[Path], spill: _Spill) -> int:
     return bad
 
 
-def _dedup(table: pa.Table) -> tuple[pa.Table, int, int]:
-    """Pass 2 on one partition: keep the first row (smallest ``__ord``) of
-    each ``canonical_url``.  Returns (kept rows in ``__ord`` order, without
-    ``__ord``; duplicates; cross-shard duplicates)."""
-    firsts = table.select(["canonical_url", _ORD]).group_by("canonical_url", use_threads=False) \
-        .aggregate([(_ORD, "min")]).column(f"{_ORD}_min")
+def _dedup(table: pa.Table) -> tuple[pa.Table, int, int, int]:
+    """Pass 2 on one partition: of each ``canonical_url``, keep the row of
+    the latest ``retry`` generation, and of those the first (smallest
+    ``__ord``).  Returns (kept rows in ``__ord`` order, without ``__ord``;
+    duplicates; cross-shard duplicates; rows superseded by a retry)."""
+    retry = pc.fill_null(table.column("retry"), 0)
+    keys_ = pa.table({"canonical_url": table.column("canonical_url"), "r": retry, _ORD: table.column(_ORD)})
+    latest = keys_.group_by("canonical_url", use_threads=False).aggregate([("r", "max")])
+    ranked = keys_.join(latest, "canonical_url", use_threads=False)
+    current = ranked.filter(pc.equal(ranked.column("r"), ranked.column("r_max")))
+    superseded = ranked.num_rows - current.num_rows
+    firsts = current.group_by("canonical_url", use_threads=False).aggregate([(_ORD, "min")]).column(f"{_ORD}_min")
+    del keys_, latest, ranked, current
     keep = pc.is_in(table.column(_ORD), value_set=firsts)
     del firsts
     kept = table.filter(keep)
-    dups = table.num_rows - kept.num_rows
+    dups = table.num_rows - kept.num_rows - superseded
     cross = 0
     if dups:
         dropped = table.filter(pc.invert(keep))
         a = pa.table({"canonical_url": dropped.column("canonical_url"),
-                      "s": pc.fill_null(dropped.column("shard"), -1)})
-        k = pa.table({"canonical_url": kept.column("canonical_url"), "k": pc.fill_null(kept.column("shard"), -1)})
+                      "s": pc.fill_null(dropped.column("shard"), -1), "r": pc.fill_null(dropped.column("retry"), 0)})
+        k = pa.table({"canonical_url": kept.column("canonical_url"), "k": pc.fill_null(kept.column("shard"), -1),
+                      "kr": pc.fill_null(kept.column("retry"), 0)})
         joined = a.join(k, "canonical_url", join_type="inner", use_threads=False)
-        cross = pc.sum(pc.cast(pc.not_equal(joined.column("s"), joined.column("k")), pa.int64())).as_py() or 0
+        # duplicates only: a row superseded by a retry is not one
+        other = pc.and_(pc.not_equal(joined.column("s"), joined.column("k")),
+                        pc.equal(joined.column("r"), joined.column("kr")))
+        cross = pc.sum(pc.cast(other, pa.int64())).as_py() or 0
     del table, keep
     kept = kept.sort_by(_ORD)
-    return kept.select(SCHEMA.names), dups, cross
+    return kept.select(SCHEMA.names), dups, cross, superseded
 
 
 def merge_parts(parts: list[Path], dest: Path, *, memory_budget: int | None = None,
@@ -302,7 +318,7 @@ def merge_parts(parts: list[Path], dest: Path, *, memory_budget: int | None = No
     n = partitions_for(total, budget)
     spill_root = Path(spill_dir or os.environ.get("CRAWLD_MERGE_SPILL_DIR") or dest.parent)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    rows = dups = cross = 0
+    rows = dups = cross = retried = 0
     pool = pa.default_memory_pool()
     workdir = Path(tempfile.mkdtemp(prefix=f".{dest.stem}.merge-", dir=spill_root))
     spill = _Spill(workdir, n)
@@ -318,10 +334,11 @@ def merge_parts(parts: list[Path], dest: Path, *, memory_budget: int | None = No
             table = spill.read(p)
             if table is None:
                 continue
-            kept, d, c = _dedup(table)
+            kept, d, c, r = _dedup(table)
             del table
             dups += d
             cross += c
+            retried += r
             if kept.num_rows:
                 writer.write_table(kept)
                 rows += kept.num_rows
@@ -337,7 +354,7 @@ def merge_parts(parts: list[Path], dest: Path, *, memory_budget: int | None = No
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return MergeResult(dest, rows, dups, bad, len(parts), cross, n)
+    return MergeResult(dest, rows, dups, bad, len(parts), cross, n, retried)
 
 
 def merge_crawl(output: str | os.PathLike, crawl_id: str, created_at: str, *,

@@ -24,6 +24,12 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
                 reason and ``fetched_at`` when it was given up.
 
 For rows not fetched, ``fetched_at`` is when the decision was recorded.
+``retry`` is 0, or the generation of the ``crawlctl retry`` that queued the
+URL again (crawld.retry): of the rows of one URL, the merge keeps the one of
+the latest generation.
+
+Schema versions (``crawld.schema_version`` in the Parquet metadata): 1, the
+first; 2 adds ``retry``.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ SCHEMA = pa.schema([
     pa.field("error", pa.string()),
     pa.field("shard", pa.int32()),
     pa.field("attempt", pa.int32()),
-], metadata={"crawld.schema_version": "1"})
+    pa.field("retry", pa.int32()),
+], metadata={"crawld.schema_version": "2"})
 
 #: the same columns as written in NDJSON parts (timestamps as int ms).
 NDJSON_SCHEMA = pa.schema([
@@ -85,7 +92,7 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
              content_length: int | None = None, truncated: bool = False, title: str | None = None,
              meta_robots: str | None = None, canonical_link: str | None = None,
              x_robots_tag: str | None = None, outlinks: list[str] | None = None,
-             error: str | None = None) -> dict[str, Any]:
+             error: str | None = None, retry: int = 0) -> dict[str, Any]:
     """A row as a dict ready for NDJSON; ``fetched_at`` in Unix seconds."""
     return {
         "crawl_id": crawl_id,
@@ -111,6 +118,7 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
         "error": error,
         "shard": shard,
         "attempt": attempt,
+        "retry": retry,
     }
 
 
@@ -126,5 +134,5 @@ def dead_letter_row(crawl_id: str, shard: int, dead: dict[str, Any]) -> dict[str
     return make_row(crawl_id=crawl_id, url=url, canonical_url=canonical, outcome="dead_letter", shard=shard,
                     attempt=int(dead.get("attempts") or 0), depth=int(p.get("d") or 0), referrer=p.get("r"),
                     host=urlsplit(canonical).hostname or "", fetched_at=float(dead.get("at_us") or 0) / 1e6,
-                    response_ms=0.0, redirect_chain=p.get("rc") or (),
+                    response_ms=0.0, redirect_chain=p.get("rc") or (), retry=int(p.get("rg") or 0),
                     error=str(dead.get("reason") or "") + (f" (while recording: {dead['mode']})" if dead.get("mode") else ""))

@@ -94,6 +94,7 @@ def summarize(merge: MergeResult, wall_s: float) -> dict[str, Any]:
         "errors": by_outcome["error"],
         "not_fetched": dict(not_fetched.most_common()),
         "duplicates_dropped": merge.duplicates,
+        "retried": merge.retried,
         "torn_lines_skipped": merge.bad_lines,
         "hosts": dict(hosts.most_common()),
         "wall_s": round(wall_s, 3),
@@ -107,7 +108,8 @@ def format_summary(crawl_id: str, s: dict[str, Any]) -> str:
     fetch_kinds = {k: v for k, v in s["outcomes"].items() if k in FETCH_OUTCOMES}
     lines = [
         f"crawl        {crawl_id}",
-        f"artifact     {s['artifact']} ({s['rows']} rows, {s['duplicates_dropped']} duplicates dropped)",
+        f"artifact     {s['artifact']} ({s['rows']} rows, {s['duplicates_dropped']} duplicates dropped"
+        + (f", {s['retried']} older rows of retried URLs replaced" if s.get("retried") else "") + ")",
         f"pages        {s['pages']} requested ({kv(fetch_kinds)})",
         f"statuses     {kv(s['statuses'])}",
         f"errors       {s['errors']}",
@@ -155,8 +157,12 @@ class Progress:
             self.stream.flush()
 
 
-def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run ``config`` locally to its artifact; returns the summary dict.
+def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout,
+              seeds: list[str] | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run ``config`` locally to its artifact, from ``seeds`` (default the
+    config's); with ``resume``, serve the crawl as it is in Redis (created
+    already: ``crawlctl retry --run``) without seeding it; returns the
+    summary dict.
 
     Raises:
         RunFailed: a worker crash-looped, or the run was interrupted.
@@ -176,9 +182,11 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout) -
         check(client, url)
         if not is_remote(config.output):
             Path(config.output).mkdir(parents=True, exist_ok=True)
-        create_crawl(client, config, config.seeds)
-        seeded = seed(client, config, list(config.seeds))
-        log.info("crawl_created", seeds=seeded, shards=config.num_shards)
+        if not resume:
+            seeds = list(config.seeds if seeds is None else seeds)
+            create_crawl(client, config, seeds)
+            seeded = seed(client, config, seeds)
+            log.info("crawl_created", seeds=seeded, shards=config.num_shards)
         frontier = Frontier(client, config)
         env = {"REDIS_URL": url, **opts.env}
         worker_args = ["--crawl-id", config.crawl_id, "--concurrency", str(opts.concurrency),

@@ -46,7 +46,7 @@ def shard_status(frontier: Frontier, shard: int) -> dict[str, Any]:
     return {
         "shard": shard, "queued": c["queued"], "hosts_waiting": c["scheduled"], "claimed": c["claimed"],
         "expired": c["expired"], "oldest_claim_s": round(oldest, 3), "skips": c["skips"], "dead": c["dead"],
-        "leaseholder": c["lease"], "acked": stats.get("acked", 0),
+        "leaseholder": c["lease"], "acked": stats.get("acked", 0), "retried": stats.get("retried", 0),
         "fetched": sum(stats.get(f"rows_{o}", 0) for o in FETCHED), "errors": stats.get("rows_error", 0),
         "recorded": sum(stats.get(f"rows_{o}", 0) for o in RECORDED) + stats.get("dead", 0),
         "stats": stats,

@@ -19,7 +19,8 @@ The checks, in order:
     ``acked`` (every ack is of a claim whose row was made durable first,
     fetched or recorded, see ``crawld/lua/ack.lua``) plus the dead letters
     (the ``dead`` list; :func:`crawld.crawls.export_dead_letters` turns each
-    into a ``dead_letter`` row at merge time) — against the distinct
+    into a ``dead_letter`` row at merge time), less the URLs queued again by
+    ``crawlctl retry`` (stats ``retried``: acked again, one row kept) — against the distinct
     ``canonical_url`` rows of that shard (``shard`` column) in the artifact,
     within a relative tolerance (default 2 %).  A shard with acknowledged
     rows and none in the artifact (its parts missing) fails whatever the
@@ -153,8 +154,11 @@ def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int 
     the shard that wrote them, while the counters of removed shards went to
     shard 0, and a shard removed then added again starts over) only the
     total is judged; the per-shard figures stay in ``data``."""
-    expected = {s["shard"]: s["acked"] + s["dead"] for s in shards}
-    acked = sum(s["acked"] for s in shards)
+    # a URL queued again by 'crawlctl retry' is acked again, while the
+    # artifact keeps one row of it (the newest)
+    expected = {s["shard"]: s["acked"] + s["dead"] - s.get("retried", 0) for s in shards}
+    retried = sum(s.get("retried", 0) for s in shards)
+    acked = sum(s["acked"] for s in shards) - retried
     dead = sum(s["dead"] for s in shards)
     bad: list[str] = []
     missing: list[int] = []
@@ -173,9 +177,10 @@ def check_visited_vs_rows(shards: list[dict[str, Any]], rows_by_shard: dict[int 
             bad.append(f"{label}: {want} acked+dead vs {got} rows ({_rel(got, want)}){note}")
     total_want, total_got = acked + dead, sum(rows_by_shard.values())
     total_ok = abs(total_got - total_want) <= tolerance * total_want
-    data = {"acked": acked, "dead": dead, "artifact_rows": total_got, "tolerance": tolerance,
+    data = {"acked": acked, "dead": dead, "retried": retried, "artifact_rows": total_got, "tolerance": tolerance,
             "missing_shards": missing, "shards": per}
-    total = (f"total {total_want} acked+dead ({acked} acked, {dead} dead) vs {total_got} distinct rows "
+    total = (f"total {total_want} acked+dead ({acked} acked"
+             + (f" besides {retried} retried" if retried else "") + f", {dead} dead) vs {total_got} distinct rows "
              f"in artifact ({_rel(total_got, total_want)}, tolerance {_pct(tolerance)})"
              + (f"; {spilled} links recorded under memory back-pressure not counted" if spilled else ""))
     data["spilled"] = spilled
