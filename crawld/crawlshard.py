@@ -36,6 +36,7 @@ from .frontier import Claim, Entry, Frontier, HostReport, LeaseLost, PushItem, S
 from .links import LinkPlanner, Push, origin_of, robots_directives
 from .netpolicy import AddressPolicy
 from .outcomes import DEFER, RECORD, disposition, host_report
+from .politeness import SendPacer
 from .ratecheck import LiveAudit
 from .output import PartWriter
 from .storage import is_remote, open_storage, part_key, recover_spool, spool_dir
@@ -62,7 +63,8 @@ class CrawlShard:
 
     ``lease_token`` identifies the worker's supervisor to the shard lease;
     ``sync(fd)`` makes a part durable; ``wake()`` is called when a fetch
-    ends (its slot may let the claimer claim again).
+    ends (its slot may let the claimer claim again); ``pacer`` spaces the
+    worker's sends per registered domain (one for all its crawls).
 
     With an ``s3://`` output, parts are written under ``spool`` (default
     :func:`crawld.storage.spool_dir`) and each closed part is handed to
@@ -73,8 +75,9 @@ class CrawlShard:
     def __init__(self, client: redis.Redis, config: CrawlConfig, shard: int, *, concurrency: int,
                  proxy: str | None, lease_token: str, sync: Callable[[int], None],
                  wake: Callable[[], None], commit_batch: int = 256, log=None, shipper=None, spool=None,
-                 epoch: int | None = None):
+                 epoch: int | None = None, pacer: SendPacer | None = None):
         self.client = client
+        self.pacer = pacer or SendPacer()
         #: the crawl's rebalance generation ``config`` was read at (None: no
         #: check); once a rebalance moves the shard, the lease is refused and
         #: ``stale`` turns True: the worker drops this and reloads the crawl
@@ -416,6 +419,7 @@ class CrawlShard:
             wait = self.frontier.reserve(self.shard, route.pkey)
             if wait > 0:
                 gevent.sleep(wait)
+        self._pace(route.pkey, claim.interval_s)
         res = fetch(self.session, entry.url, cfg)
         self._slot_done(claim)
         self._observe(route.pkey, res)
@@ -470,6 +474,18 @@ class CrawlShard:
             for shard, items in by_shard.items():
                 self.frontier.push(shard, items)
 
+    def _pace(self, pkey: str, interval_s: float = 0.0) -> None:
+        """Wait until a request to ``pkey`` may leave this process
+        (:class:`crawld.politeness.SendPacer`, shared by the worker's crawls):
+        the interval in force (the claim's, at least the crawl's own) less
+        the GCRA tolerance after the last one."""
+        cfg = self.config
+        now = time.monotonic()
+        t = max(interval_s, 1.0 / cfg.max_rps_per_host)
+        at = self.pacer.send_at(pkey, now, t * (2.0 - cfg.burst))
+        if at > now:
+            gevent.sleep(at - now)
+
     def _origin_shard(self, origin: str) -> int:
         return self.router.route(origin + "/").shard
 
@@ -496,7 +512,9 @@ class CrawlShard:
         hop after it books its own slot with its host's registered domain
         (``reserve``) and waits until it conforms, like any request."""
         url, hops, chain = origin + "/robots.txt", 0, []
+        pkey = self.router.route(origin + "/").pkey
         while True:
+            self._pace(pkey)
             res = fetch(self.session, url, self.config, max_bytes=MAX_ROBOTS_BYTES)
             metrics.ROBOTS_FETCHES.labels(*self._labels, metrics.status_class(res.status)).inc()
             if res.started_at and res.error_kind != "blocked":
@@ -516,7 +534,7 @@ class CrawlShard:
             wait = self.frontier.reserve(route.shard, route.pkey)
             if wait > 0:
                 gevent.sleep(wait)
-            url = target
+            url, pkey = target, route.pkey
             hop_origin = origin_of(canon)
             if canon == hop_origin + "/robots.txt" and hop_origin != origin and hop_origin not in chain:
                 chain.append(hop_origin)

@@ -120,13 +120,16 @@ class Entry:
 class Claim:
     """A claimed entry: ``token`` identifies the claim (ack/nack/extend),
     ``attempts`` counts claims of this entry including this one, ``mode`` is
-    "" for a URL to fetch, else why it is to be recorded without a fetch."""
+    "" for a URL to fetch, else why it is to be recorded without a fetch;
+    ``interval_s`` the domain's emission interval in force when it was
+    claimed (seconds; 0 for a URL to record)."""
 
     shard: int
     token: bytes
     attempts: int
     payload: bytes
     mode: str = ""
+    interval_s: float = 0.0
 
 
 class PushItem(NamedTuple):
@@ -293,8 +296,9 @@ class Frontier:
         r = self._run("claim", shard, args)
         if int(r[0]) == -2:
             raise LeaseLost(f"shard {shard} of crawl {self.config.crawl_id} is leased to another worker")
-        claims = [Claim(shard, r[i], int(r[i + 1]), r[i + 3], r[i + 2].decode("utf-8", "replace"))
-                  for i in range(1, len(r), 4)]
+        claims = [Claim(shard, r[i], int(r[i + 1]), r[i + 3], r[i + 2].decode("utf-8", "replace"),
+                        int(r[i + 4]) / 1e6)
+                  for i in range(1, len(r), 5)]
         wait = int(r[0])
         return (wait / 1e6 if wait >= 0 else -1.0), claims
 

@@ -200,3 +200,33 @@ def fair_claim(want: str | None, me: str) -> tuple[bool, bool]:
 def jitter(rand: random.Random | None = None) -> float:
     """A jitter value in [0, 1) for :func:`backoff`."""
     return (rand or random).random()
+
+
+class SendPacer:
+    """Keeps a worker's own requests to one registered domain at least
+    ``gap`` seconds apart *as they leave the process*.
+
+    The claim script grants a request its GCRA slot in Redis time, but the
+    request is sent a little later (the greenlet runs, robots.txt may come
+    first); on a loaded machine one late request and the next, on time,
+    would reach the server closer than the rate allows.  Before each send
+    the worker asks :meth:`send_at` when it may go; the answer books that
+    time (no yield in between: greenlets are cooperative), so concurrent
+    requests of one domain are spaced too.  Times are monotonic seconds;
+    ``max_keys`` bounds the memory (the oldest half is forgotten when full).
+    """
+
+    def __init__(self, max_keys: int = 100_000):
+        self._last: dict[str, float] = {}
+        self._max = max_keys
+
+    def send_at(self, pkey: str, now: float, gap: float) -> float:
+        """The earliest time >= ``now`` a request to ``pkey`` may leave,
+        booked as its send time."""
+        last = self._last.get(pkey)
+        t = now if last is None else max(now, last + gap)
+        if last is None and len(self._last) >= self._max:
+            for k in list(self._last)[: self._max // 2]:
+                del self._last[k]
+        self._last[pkey] = t
+        return t

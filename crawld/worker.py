@@ -56,6 +56,7 @@ from .cliargs import Parser, crawl_id_arg, int_range, positive_float, proxy_url
 from .config import ConfigError, CrawlConfig
 from .crawlshard import CrawlShard
 from .frontier import LeaseLost
+from .politeness import SendPacer
 from .storage import PartShipper
 from .redisconn import RedisUnfit, check, connect, primaries_info, redis_url
 from .redisconn import ERRORS as REDIS_ERRORS
@@ -111,6 +112,7 @@ class Worker:
         self._sync = lambda fd: hub.threadpool.apply(os.fdatasync, (fd,))
         # closed parts of s3:// outputs, uploaded in the background
         self.shipper = PartShipper(self.log)
+        self.pacer = SendPacer()  # every crawl's sends, per registered domain
 
     @property
     def pages(self) -> int:
@@ -213,7 +215,7 @@ class Worker:
                     self.client, config, self.shard, concurrency=self.concurrency, proxy=self.proxy,
                     lease_token=self.lease_token, sync=self._sync, wake=self._wake.set,
                     commit_batch=self.commit_batch, log=self.log.bind(crawl_id=cid), shipper=self.shipper,
-                    epoch=int(epoch or 0))
+                    epoch=int(epoch or 0), pacer=self.pacer)
             except OSError as exc:
                 # one crawl's unwritable output must not keep the others from being served
                 now = time.monotonic()

@@ -1031,7 +1031,7 @@ def test_snapshot_counts(rds):
     s = f.snapshot(0)
     assert (s.queued, s.scheduled, s.claimed) == (1, 0, 2)
     assert s.skips == 0
-    assert s.activity() == (3, 0, 2)
+    assert s.activity() == (3, 0, 2, 0)
     assert [x.shard for x in f.snapshots()] == [0, 1]
     assert f.snapshots()[1].idle
 
@@ -1144,13 +1144,13 @@ def test_snapshot_counts_skips_and_idle_needs_no_skips(rds):
     s = f.snapshot(0)
     assert (s.queued, s.scheduled, s.claimed, s.skips) == (0, 0, 0, 1)
     assert not s.idle
-    assert s.activity() == (0, 1, 0)
+    assert s.activity() == (0, 1, 0, 0)
     w2 = f.snapshots()
     assert not crawl_finished(w2, f.snapshots())
     _, cl = f.claim(0, 5)
     s = f.snapshot(0)
     assert (s.skips, s.claimed) == (0, 1) and not s.idle
-    assert s.activity() == (0, 1, 1)
+    assert s.activity() == (0, 1, 1, 0)
     assert f.ack(0, [cl[0].token]) == 1
     w3 = f.snapshots()
     assert all(x.idle for x in w3)

@@ -27,8 +27,10 @@ def test_crawl_delay_slows_a_host_below_the_crawl_rate(tmp_path, redis_server, r
     assert summary["rows"] == 14
     slow = sorted(h.t for h in hits if h.host == "www.slowpoke.org")
     fast = sorted(h.t for h in hits if h.host == "www.speedy.org")
-    gaps = [b - a for a, b in zip(slow, slow[1:])]
-    assert len(slow) == 8 and min(gaps) >= 0.45, gaps  # 2 requests/s, not 20
+    # 2 requests/s, not 20, by the promise's own definition: crawld.ratecheck's
+    # 1 s and 10 s windows (not single gaps, which the way of each request
+    # to the server may shorten on a loaded machine)
+    assert len(slow) == 8 and rate_violations({"slowpoke.org": slow}, 2.0) == {}, slow
     assert max_in_window(fast, 1.0) > 3  # the other host kept the crawl's rate
 
 
@@ -37,11 +39,11 @@ def test_crawl_delay_never_speeds_a_host_up(tmp_path, redis_server, rds):
     with SiteServer(("127.0.0.1", 0), synthetic={"www.eager.org": SyntheticSite(pages=5)}, files=files) as srv:
         _crawl(srv, tmp_path, redis_server, "nofaster", "http://www.eager.org/", extra=("--max-rps-per-host", "4"))
         ts = sorted(h.t for h in srv.hits())
-    # the crawl's 4 requests/s held (crawld.ratecheck's 1 s and 10 s windows),
-    # not Crawl-delay's 100/s; single gaps as the server sees them may be a
-    # little under 0.25 s by the jitter of each request's way there
-    assert rate_violations({"eager.org": ts}, 4.0) == {}
-    assert min(b - a for a, b in zip(ts, ts[1:])) >= 0.2
+    # the crawl's 4 requests/s held (crawld.ratecheck's 1 s and 10 s windows,
+    # the promise's definition), not Crawl-delay's 100/s: 7 requests (robots.txt
+    # and 6 pages) take at least 1.5 s
+    assert len(ts) == 7 and rate_violations({"eager.org": ts}, 4.0) == {}
+    assert ts[-1] - ts[0] >= 1.4
 
 
 def _urlset(host: str, paths: list[str]) -> bytes:

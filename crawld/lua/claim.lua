@@ -36,7 +36,9 @@
 --               beyond the crawl's limit)
 --     code "h": hold the host for value microseconds, not a failure
 --               (robots.txt unreachable: its own failure count applies)
--- Returns {wait_us, token1, attempts1, mode1, payload1, token2, ...};
+-- Returns {wait_us, token1, attempts1, mode1, payload1, interval1, token2, ...}
+-- (interval: the emission interval in force for a fetch, us; 0 for a URL
+-- to record);
 -- wait_us is the time until the next scheduled pkey is due (-1: nothing
 -- scheduled).
 local now = now_us()
@@ -71,6 +73,7 @@ if n > 0 then
       out[#out + 1] = attempts
       out[#out + 1] = mode
       out[#out + 1] = payload
+      out[#out + 1] = 0
       got = got + 1
     end
   end
@@ -100,6 +103,7 @@ while got < n and steps < 4 * n + 16 do
     out[#out + 1] = attempts
     out[#out + 1] = mode
     out[#out + 1] = payload
+    out[#out + 1] = 0
     got = got + 1
     if not first_of(pkey) then redis.call('ZREM', KEYS[2], pkey) end
   else
@@ -143,6 +147,7 @@ while got < n and steps < 4 * n + 16 do
         out[#out + 1] = attempts
         out[#out + 1] = ''
         out[#out + 1] = payload
+        out[#out + 1] = T
         got = got + 1
         if not first_of(pkey) then
           redis.call('ZREM', KEYS[2], pkey)
