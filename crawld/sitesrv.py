@@ -42,20 +42,24 @@ class SyntheticSite:
 
     Page n links to pages 2n+1 and 2n+2 (so every page is reachable from
     ``/``, depth about log2(pages)), to ``extra_links`` pseudo-random pages of
-    the same site and to the home pages of ``peers`` (other host names).
-    ``seed`` fixes the pseudo-random links.
+    the same site and to the home pages of ``peers`` (other host names);
+    with ``private_links`` also to ``/private/<n>.html`` (served too: a
+    robots.txt may forbid them).  ``seed`` fixes the pseudo-random links.
     """
 
     pages: int
     peers: list[str] = field(default_factory=list)
     extra_links: int = 3
     seed: int = 0
+    private_links: bool = False
 
     def paths(self) -> list[str]:
         """Every path the site serves."""
         return ["/"] + [f"/p/{n}.html" for n in range(self.pages)]
 
     def render(self, host: str, path: str) -> bytes | None:
+        if self.private_links and path.startswith("/private/"):
+            return f"<!doctype html><title>{host} private</title><p>private</p>".encode()
         if path in ("/", "/index.html"):
             n, targets = -1, [0]
         elif path.startswith("/p/") and path.endswith(".html"):
@@ -71,6 +75,9 @@ class SyntheticSite:
         else:
             return None
         links = "".join(f'<li><a href="/p/{t}.html">page {t}</a></li>' for t in targets)
+        if self.private_links:
+            links += f'<li><a href="/private/{n + 1}.html">private</a></li>'
+
         links += "".join(f'<li><a href="http://{p}/">{p}</a></li>' for p in self.peers)
         return (f"<!doctype html><html><head><meta charset=utf-8><title>{host} page {n}</title></head>"
                 f"<body><h1>{host} {n}</h1><ul>{links}</ul></body></html>").encode()
@@ -86,11 +93,32 @@ class Hit:
     status: int
 
 
+class RateLimit:
+    """nginx ``limit_req`` with ``burst=0`` (ngx_http_limit_req_module): a
+    request is accepted when at least ``1 / rps`` seconds have passed since
+    the last *accepted* one, else answered 429 (rejections do not count)."""
+
+    def __init__(self, rps: float):
+        self.interval = 1.0 / rps
+        self._last = -1e18
+        self._lock = threading.Lock()
+
+    def accept(self, now: float) -> bool:
+        with self._lock:
+            if now - self._last >= self.interval:
+                self._last = now
+                return True
+            return False
+
+
 class SiteServer(ThreadingHTTPServer):
     """The server; ``sites`` maps host -> directory, ``synthetic`` host ->
     :class:`SyntheticSite`, ``files`` (host, path) -> (status, body,
-    content type) for single documents served before either (robots.txt,
-    sitemaps).  ``delay_s`` is added before every response.
+    content type[, headers]) for single documents served before either
+    (robots.txt, sitemaps, redirects).  ``redirect_hosts`` maps a host to the host every one of its
+    paths redirects to (301, as a bare domain to its ``www.``), after
+    ``files``; ``limits`` a host to the requests/s above which it answers 429
+    (:class:`RateLimit`).  ``delay_s`` is added before every response.
 
     Thread-safe accessors: :meth:`hits` (list of :class:`Hit`),
     :meth:`counts` (Counter of ``(host, path)``).
@@ -103,7 +131,10 @@ class SiteServer(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], sites: dict[str, str | os.PathLike] | None = None,
                  synthetic: dict[str, SyntheticSite] | None = None, log_path: str | None = None,
                  delay_s: float = 0.0, handler: Callable | None = None,
-                 files: dict[tuple[str, str], tuple[int, bytes, str]] | None = None):
+                 files: dict[tuple[str, str], tuple[int, bytes, str]] | None = None,
+                 redirect_hosts: dict[str, str] | None = None, limits: dict[str, float] | None = None):
+        self.redirect_hosts = {h.lower(): t for h, t in (redirect_hosts or {}).items()}
+        self.limits = {h.lower(): RateLimit(r) for h, r in (limits or {}).items()}
         self.sites = {h.lower(): Path(d).resolve() for h, d in (sites or {}).items()}
         self.synthetic = {h.lower(): s for h, s in (synthetic or {}).items()}
         self.delay_s = delay_s
@@ -192,15 +223,25 @@ class SiteHandler(BaseHTTPRequestHandler):
         host, path = self._target()
         if self.server.delay_s:
             time.sleep(self.server.delay_s)
-        status, body, ctype = self.resolve(host, path)
+        headers = None
+        limit = self.server.limits.get(host)
+        if limit is not None and not limit.accept(time.time()):
+            status, body, ctype = 429, b"too many requests", "text/plain"
+        elif host in self.server.redirect_hosts and (host, path) not in self.server.files:
+            status, body, ctype = 301, b"", "text/html"
+            headers = {"Location": f"http://{self.server.redirect_hosts[host]}{path}"}
+        else:
+            status, body, ctype, *more = self.resolve(host, path)
+            headers = more[0] if more else None
         self.server.record(host, path, status)
-        self._send(status, body, ctype, head)
+        self._send(status, body, ctype, head, headers)
 
     def do_HEAD(self) -> None:
         self.do_GET(head=True)
 
-    def resolve(self, host: str, path: str) -> tuple[int, bytes, str]:
-        """``(status, body, content type)`` for a request."""
+    def resolve(self, host: str, path: str) -> tuple:
+        """``(status, body, content type)`` for a request, or from ``files``
+        also the response's extra headers (a dict) if its entry has them."""
         doc = self.server.files.get((host, path))
         if doc is not None:
             return doc

@@ -93,7 +93,7 @@ def test_corrupt_stored_config(redis_server, rds):
     rds.set(keys.crawl_config("broken"), b"{not json")
     proc = crawlctl("queue-depth", "--crawl-id", "broken", "--redis-url", redis_server.url)
     assert_one_line_error(proc, exitcodes.CONFIG, "config: not valid JSON")
-    rds.set(keys.crawl_config("broken"), b'{"version": 2, "crawl_id": "broken", "num_shards": "many"}')
+    rds.set(keys.crawl_config("broken"), b'{"version": 3, "crawl_id": "broken", "num_shards": "many"}')
     proc = crawlctl("queue-depth", "--crawl-id", "broken", "--redis-url", redis_server.url)
     assert_one_line_error(proc, exitcodes.CONFIG, "num_shards:")
 

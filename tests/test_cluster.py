@@ -182,8 +182,8 @@ def test_shard_keys_landed_on_more_than_one_master(cluster_crawl, cluster):
     shards_on: dict[int, set[int]] = {}
     for i, srv in enumerate(cluster):
         node = _node_client(srv)
-        for key in node.scan_iter(match=f"{keys.PREFIX}:{{{CRAWL_ID}:*", count=1000):
-            shard = int(key.decode().split("{", 1)[1].split("}", 1)[0].rsplit(":", 1)[1])
+        for key in node.scan_iter(match=keys.crawl_patterns(CRAWL_ID)[1], count=1000):
+            shard = int(key.decode().split("{s", 1)[1].split("}", 1)[0])
             shards_on.setdefault(shard, set()).add(i)
     assert set(shards_on) == set(range(SHARDS)), shards_on
     # every shard whole on one master (the hash tag), the shards on several
