@@ -68,6 +68,9 @@ class Entry:
     ``depth`` the link distance from a seed, ``referrer`` the page it was
     found on, ``redirect_chain`` the URLs that redirected to it, ``kind``
     ``page`` or ``sitemap`` (a sitemap's URLs are pushed, not its links).
+    For a sitemap, ``depth`` is its nesting level instead: 0 when robots.txt
+    names it, n + 1 when an index at level n lists it (no payload change:
+    a sitemap entry of depth 0 is read as level 0).
     """
 
     url: str
