@@ -177,7 +177,7 @@ XRT_LINES = [
 ]
 
 
-@pytest.mark.parametrize("lines,expect", XRT_LINES, ids=[" | ".join(c[0]) or "none" for c in XRT_LINES])
+@pytest.mark.parametrize("lines,expect", XRT_LINES, ids=[" | ".join(map(repr, c[0])) or "no-line" for c in XRT_LINES])
 def test_x_robots_tag_lines(lines, expect):
     assert robots_directives(None, lines, "crawld") == expect
 
@@ -276,7 +276,7 @@ TEXT_SITEMAPS = [
     (b"http://x.com/a\n/relative\nftp://x.com/f\nnot a url\n", "text", ["http://x.com/a"],
      "3 lines not an absolute http(s) URL"),
     (b"Not Found", "text", [], "1 line not an absolute http(s) URL"),
-    (gzip.compress(b"http://x.com/gz\n"), "text", ["http://x.com/gz"], None),
+    (gzip.compress(b"http://x.com/gz\n", mtime=0), "text", ["http://x.com/gz"], None),
     (b"", None, [], "empty"), (b" \n\t", None, [], "empty"),
     # XML is told apart by its first character
     (b"\n\n  " + _urlset(1), "urlset", ["http://x.com/0"], None),
@@ -284,7 +284,7 @@ TEXT_SITEMAPS = [
 ]
 
 
-@pytest.mark.parametrize("body,kind,locs,error", TEXT_SITEMAPS, ids=[repr(c[0][:30]) for c in TEXT_SITEMAPS])
+@pytest.mark.parametrize("body,kind,locs,error", TEXT_SITEMAPS, ids=[f"{i}-{c[1]}" for i, c in enumerate(TEXT_SITEMAPS)])
 def test_text_sitemaps(body, kind, locs, error):
     sm = parse_sitemap(body)
     assert (sm.kind, sm.locs) == (kind, locs)
