@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 
 import pyarrow.parquet as pq
 
@@ -112,15 +113,23 @@ def _nested_index(conn, req):
 
 def test_text_multi_member_and_nested_sitemaps(tmp_path, redis_server, rds):
     """sitemaps.org text sitemaps (plain and .txt.gz) are read; a gzip file of
-    several members is read to its end; nested indexes stop at MAX_NESTING,
-    the sitemap below recorded (skipped sitemap_too_deep), never requested."""
+    several members is read to its end, a gzip bomb of several members only
+    to MAX_UNCOMPRESSED in all; nested indexes stop at MAX_NESTING, the
+    sitemap below recorded (skipped sitemap_too_deep), never requested."""
     site = f"http://{MAZE}"
     robots = "User-agent: *\n" + "".join(f"Sitemap: {site}{p}\n" for p in (
-        "/maps/urls.txt", "/maps/more.txt.gz", "/maps/multi.xml.gz", "/nest/0.xml"))
+        "/maps/urls.txt", "/maps/more.txt.gz", "/maps/multi.xml.gz", "/maps/bomb.xml.gz", "/nest/0.xml"))
     multi = (gzip.compress(b'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">')
              + gzip.compress(f"<url><loc>{site}/m/1</loc></url>".encode())
              + gzip.compress(f"<url><loc>{site}/m/2</loc></url></urlset>".encode()))
+    # a gzip bomb of several members, 60 MiB of spaces in all (~60 KB sent):
+    # read up to MAX_UNCOMPRESSED in total, the URL after that never seen
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    spaces = c.compress(b" " * (20 << 20)) + c.flush()
+    bomb = (gzip.compress(f'<urlset><url><loc>{site}/b/early</loc></url>'.encode()) + spaces * 3
+            + gzip.compress(f"<url><loc>{site}/b/late</loc></url></urlset>".encode()))
     srv = HostileServer()
+    srv.route(MAZE, "/maps/bomb.xml.gz", respond(200, bomb, content_type="application/gzip"))
     srv.route(MAZE, "/robots.txt", respond(200, robots, content_type="text/plain"))
     srv.route(MAZE, "/", page("maze", []))
     srv.route(MAZE, "/maps/urls.txt", respond(200, f"{site}/t/a\n\n{site}/t/b\r\n/not-absolute\n", content_type="text/plain"))
@@ -128,7 +137,7 @@ def test_text_multi_member_and_nested_sitemaps(tmp_path, redis_server, rds):
                                                  content_type="application/gzip"))
     srv.route(MAZE, "/maps/multi.xml.gz", respond(200, multi, content_type="application/gzip"))
     srv.route_prefix(MAZE, "/nest/", _nested_index)
-    for prefix in ("/t/", "/m/"):
+    for prefix in ("/t/", "/m/", "/b/"):
         srv.route_prefix(MAZE, prefix, lambda conn, req: send(conn, response(200, html(req.path, []))))
     with srv:
         summary_of(crawlctl("run", f"{site}/", "--crawl-id", "maze", "--shards", "2", "--sitemaps",
@@ -153,6 +162,9 @@ def test_text_multi_member_and_nested_sitemaps(tmp_path, redis_server, rds):
     expect("multi-member row", row("/maps/multi.xml.gz")["outlinks"] == [f"{site}/m/1", f"{site}/m/2"]
            and row("/maps/multi.xml.gz")["error"] is None)
     expect("multi-member URLs fetched", {f"{site}/m/1", f"{site}/m/2"} <= fetched)
+    expect("gzip bomb cut", row("/maps/bomb.xml.gz")["outlinks"] == [f"{site}/b/early"]
+           and (row("/maps/bomb.xml.gz")["error"] or "").startswith("sitemap: cut short: over 52428800 bytes")
+           and f"{site}/b/early" in fetched and f"{site}/b/late" not in rows)
     # nested indexes: levels 0..MAX_NESTING fetched once each, the next one
     # recorded without a request, none deeper
     for n in range(MAX_NESTING + 1):
