@@ -38,7 +38,8 @@ Push = tuple[int, bytes, PushItem]
 
 #: robots directives that carry a value after a colon (Google Search
 #: Central, "Robots meta tag, data-nosnippet, and X-Robots-Tag
-#: specifications"): ``max-snippet: 20`` names no user agent
+#: specifications", /search/docs/crawling-indexing/robots-meta-tag):
+#: ``max-snippet: 20`` names no user agent
 _VALUED = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
 #: ``<user-agent>:`` at the start of an X-Robots-Tag item: a product token
 #: (no whitespace, comma or colon), as in ``googlebot: nofollow``
