@@ -54,7 +54,7 @@ SPILL_REASON = "memory_backpressure"
 BACKPRESSURE_HYSTERESIS = 0.02
 from .scope import Router
 from .sitemaps import parse_sitemap
-from .urls import resolve
+from .urls import clean_href, resolve
 from .redisconn import ERRORS as REDIS_ERRORS
 
 
@@ -575,21 +575,53 @@ class CrawlShard:
             base = entry.url
             if page.base_href:
                 base = resolve(entry.url, page.base_href) or entry.url
-            directives = robots_directives(page.meta_robots, common["x_robots_tag"], self.agent)
+            # the X-Robots-Tag field lines one by one: joined, an unscoped
+            # line after a scoped one would read as scoped
+            directives = robots_directives(page.meta_robots, res.x_robots_tag, self.agent)
             nofollow_all = cfg.honour_robots_meta and "nofollow" in directives
             outlinks, pushes = self.links.page_links(entry.url, base, page.hrefs, page.nofollow,
                                                      entry.depth, nofollow_all)
             canonical_link = resolve(base, page.canonical_link) if page.canonical_link else None
-            return make_row(outcome="fetched", title=page.title, meta_robots=page.meta_robots,
-                            canonical_link=canonical_link, outlinks=outlinks, **common), pushes
+            fields = dict(title=page.title, meta_robots=page.meta_robots, canonical_link=canonical_link,
+                          outlinks=outlinks)
+            if page.refresh_delay is not None:
+                # <meta http-equiv=refresh>: its URL is parsed against the
+                # document's base URL (an empty or fragment-only one is that
+                # base URL).  Another URL than the page's own is followed as
+                # a redirect hop, whatever the delay (see crawld.rows);
+                # the page's own links are pushed all the same.
+                common["refresh_delay_s"] = page.refresh_delay
+                url = page.refresh_url
+                if url is not None:
+                    cleaned = clean_href(url)
+                    location = url if cleaned and cleaned[0] != "#" else base
+                    target = resolve(base, location)
+                    if target is None or self.router.canonical(target) != entry.canonical:
+                        row, hop = self._redirect(entry, res, common, location, base=base, kind="meta_refresh",
+                                                  **fields)
+                        if hop:
+                            # the hop first and alone under its key: its
+                            # entry (with the redirect chain) is the one kept
+                            pushes = hop + [p for p in pushes if p[1] != hop[0][1]]
+                        return row, pushes
+            return make_row(outcome="fetched", **fields, **common), pushes
         return make_row(outcome="fetched", **common), []
 
-    def _redirect(self, entry: Entry, res: FetchResult, common: dict) -> tuple[dict, list[Push]]:
-        location = res.headers["location"]
-        target = resolve(entry.url, location)
+    def _redirect(self, entry: Entry, res: FetchResult, common: dict, location: str | None = None, *,
+                  base: str | None = None, kind: str = "http", **fields) -> tuple[dict, list[Push]]:
+        """The row of a URL that redirects, and the push of its target as a
+        hop of the redirect chain (scoped, deduplicated, rate-limited on its
+        own shard): ``location`` (default the Location header) resolved
+        against ``base`` (default the URL).  ``kind`` is the row's
+        ``redirect_kind``; ``fields`` go to the row as they are."""
+        if location is None:
+            location = res.headers["location"]
+        common = dict(common, redirect_kind=kind, **fields)
+        target = resolve(base or entry.url, location)
         canon = self.router.canonical(target) if target else None
         if canon is None:
-            common["error"] = f"bad_redirect: Location {location[:200]!r}"
+            what = "Location" if kind == "http" else "meta refresh URL"
+            common["error"] = f"bad_redirect: {what} {location[:200]!r}"
             return make_row(outcome="error", **common), []
         chain = entry.redirect_chain + (entry.url,)
         earlier = {self.router.canonical(u) for u in chain}
@@ -606,13 +638,17 @@ class CrawlShard:
         sm = parse_sitemap(res.body)
         pushes: list[Push] = []
         listed: list[str] = []
+        # an index's sitemaps are one nesting level deeper (the entry's
+        # depth; crawld.links stops them at crawld.sitemaps.MAX_NESTING); the
+        # pages a sitemap lists start at depth 0, as seeds do
         child_kind = "sitemap" if sm.kind == "sitemapindex" else "page"
+        child_depth = entry.depth + 1 if child_kind == "sitemap" else 0
         for loc in sm.locs:
             canon = self.router.canonical(loc)
             if canon is None:
                 continue
             listed.append(canon)
-            p = self.links.plan(loc, canon, 0, entry.url, kind=child_kind)
+            p = self.links.plan(loc, canon, child_depth, entry.url, kind=child_kind)
             if p is not None:
                 pushes.append(p)
         if sm.error:

@@ -46,6 +46,12 @@ class FetchResult:
     Unix time (s) when the request began; ``elapsed_ms`` runs until the body was read.  ``body`` is
     at most ``max_body_bytes`` (``truncated`` when cut), after
     Content-Encoding decoding.
+
+    ``headers`` maps lower-case names to values, the values of a repeated
+    field joined with ", " (requests' reading, RFC 9110 section 5.3);
+    ``x_robots_tag`` keeps the X-Robots-Tag field lines one by one, as
+    received: joining them changes what they say
+    (:func:`crawld.links.robots_directives`).
     """
 
     url: str
@@ -59,6 +65,7 @@ class FetchResult:
     error_kind: str | None = None
     retryable: bool = False
     unsent: bool = False
+    x_robots_tag: list[str] = field(default_factory=list)
 
 
 def make_session(config: CrawlConfig, concurrency: int, proxy: str | None = None) -> requests.Session:
@@ -140,6 +147,16 @@ def _location(value: str) -> str:
         return value
 
 
+def _field_lines(resp: requests.Response, name: str) -> list[str]:
+    """The values of every ``name`` field line of a response, in order and
+    unjoined (urllib3's header dict keeps them apart; requests' joins them)."""
+    raw = getattr(resp.raw, "headers", None)
+    if raw is not None and hasattr(raw, "getlist"):
+        return list(raw.getlist(name))
+    value = resp.headers.get(name)
+    return [value] if value is not None else []
+
+
 def _send(session: requests.Session, url: str, config: CrawlConfig) -> requests.Response:
     # through the adapter, not Session.send: even with allow_redirects=False
     # Session.send reads the whole body of any 3xx (resolve_redirects), with
@@ -172,6 +189,7 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig, *,
             res.headers = {k.lower(): v for k, v in resp.headers.items()}
             if "location" in res.headers:
                 res.headers["location"] = _location(res.headers["location"])
+            res.x_robots_tag = _field_lines(resp, "x-robots-tag")
             cap = max_bytes or config.max_body_bytes
             size = 0
             for chunk in resp.iter_content(_CHUNK):

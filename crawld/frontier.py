@@ -75,6 +75,9 @@ class Entry:
     attempt (429, 503, a connection that could not be made:
     :func:`crawld.outcomes.disposition`), ``retry`` the generation of the
     ``crawlctl retry`` that queued it again (0: none, :mod:`crawld.retry`).
+    For a sitemap, ``depth`` is its nesting level instead: 0 when robots.txt
+    names it, n + 1 when an index at level n lists it (no payload change:
+    a sitemap entry of depth 0 is read as level 0).
     """
 
     url: str

@@ -12,41 +12,94 @@ reason (a skip "mode"), so that every URL ends as a row.  In order:
 ``robots_disallowed``  the target origin's robots.txt, when this worker
                   already holds it, forbids it (saves a politeness slot).
 
+A sitemap is pushed to be fetched when in scope (``out_of_scope``
+otherwise) and no deeper than :data:`crawld.sitemaps.MAX_NESTING` levels
+of sitemap indexes (``sitemap_too_deep`` otherwise); a sitemap entry's
+``depth`` is its nesting level.
+
 The page budget and query-variant limit are applied by the push script.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from .config import CrawlConfig
 from .frontier import Entry, PushItem
 from .scope import Router, trap_reason, variant_key
+from .sitemaps import MAX_NESTING
 from .urls import fingerprint, resolve
 
 #: (shard, local dedup key, item)
 Push = tuple[int, bytes, PushItem]
 
 
-#: X-Robots-Tag directives that carry a value after a colon
-_VALUED = ("unavailable_after", "max-snippet", "max-image-preview", "max-video-preview")
+#: robots directives that carry a value after a colon (Google Search
+#: Central, "Robots meta tag, data-nosnippet, and X-Robots-Tag
+#: specifications", /search/docs/crawling-indexing/robots-meta-tag):
+#: ``max-snippet: 20`` names no user agent
+_VALUED = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
+#: ``<user-agent>:`` at the start of an X-Robots-Tag item: a product token
+#: (no whitespace, comma or colon), as in ``googlebot: nofollow``
+_AGENT_PREFIX = re.compile(r"^\s*([^\s,:]+)\s*:(.*)$", re.S)
 
 
-def robots_directives(meta_robots: str | None, x_robots_tag: str | None, agent: str) -> set[str]:
-    """Directives (``noindex``, ``nofollow``, ...) of a page for ``agent``,
-    from ``<meta name=robots>`` and X-Robots-Tag; ``none`` means both.
+def _split_items(value: str) -> list[str]:
+    """The comma-separated items of one directive list, with the commas of
+    an ``unavailable_after`` date (RFC 822 ``Wed, 03 Dec 2025 ...``, RFC
+    850 ``Wednesday, 03-Dec-25 ...``) kept inside its item."""
+    items: list[str] = []
+    for part in value.split(","):
+        if items and part.strip()[:1].isdigit() and items[-1].strip().lower().startswith("unavailable_after"):
+            items[-1] += "," + part
+        else:
+            items.append(part)
+    return items
 
-    An X-Robots-Tag value may start with a user agent (``googlebot:
-    noindex, nofollow``, Google's syntax); it then applies only if that is
-    ``agent``.
+
+def robots_directives(meta_robots: str | None, x_robots_tag: str | Sequence[str] | None, agent: str) -> set[str]:
+    """Directives (``noindex``, ``nofollow``, ``max-snippet: 20``, ...) of a
+    page for the crawler whose robots.txt product token is ``agent``, from
+    ``<meta name=robots>`` and the X-Robots-Tag header lines, lower-case;
+    ``none`` adds ``noindex`` and ``nofollow``.
+
+    ``x_robots_tag`` is the list of the response's X-Robots-Tag field lines
+    as received, one item per line (a str is one line).  They must not be
+    joined first: ``otherbot: noindex`` and ``nofollow`` on two lines give
+    ``nofollow`` to every crawler, while the single line ``otherbot:
+    noindex, nofollow`` gives both to otherbot only.
+
+    Syntax (Google Search Central, "Robots meta tag, data-nosnippet, and
+    X-Robots-Tag specifications", "Using the X-Robots-Tag HTTP header"; the
+    same reading as MDN's X-Robots-Tag reference): a line is a
+    comma-separated list of rules, "the X-Robots-Tag may optionally specify
+    a user agent before the rules", and "rules specified without a user
+    agent are valid for all crawlers".  A ``<user-agent>:`` prefix scopes
+    the rules after it, up to the next prefix or the end of the line, so
+    ``googlebot: noindex, otherbot: nofollow`` gives ``noindex`` to
+    googlebot and ``nofollow`` to otherbot; each line starts unscoped.
+    Valued rules (``unavailable_after: <date>``, ``max-snippet: 20``, ...)
+    are not user agents.  Names are case-insensitive; ``*`` counts as
+    every agent.  Conflicting rules: "the more restrictive rule applies",
+    so the result is the union of every rule that applies to ``agent``.
     """
     out = {p.strip().lower() for p in (meta_robots or "").split(",") if p.strip()}
-    value = (x_robots_tag or "").strip()
-    head, sep, rest = value.partition(":")
-    if sep and head.strip().lower() not in _VALUED and "," not in head:
-        value = rest if head.strip().lower() in (agent.lower(), "*") else ""
-    out |= {p.strip().lower() for p in value.split(",") if p.strip()}
+    lines = [x_robots_tag] if isinstance(x_robots_tag, str) else list(x_robots_tag or ())
+    me = agent.strip().lower()
+    for line in lines:
+        applies = True  # unscoped until a user agent is named
+        for item in _split_items(line or ""):
+            m = _AGENT_PREFIX.match(item)
+            if m and m.group(1).lower() not in _VALUED:
+                applies = m.group(1).lower() in (me, "*")
+                m, item = _AGENT_PREFIX.match(m.group(2)), m.group(2)
+            if m and m.group(1).lower() in _VALUED:  # a valued rule, written "name: value"
+                item = f"{m.group(1)}: {m.group(2).strip()}"
+            rule = " ".join(item.split()).lower()
+            if rule and applies:
+                out.add(rule)
     if "none" in out:
         out |= {"noindex", "nofollow"}
     return out
@@ -94,8 +147,11 @@ class LinkPlanner:
 
     def plan(self, url: str, canonical: str, depth: int, referrer: str | None, *, nofollow: bool = False,
              redirect_chain: tuple[str, ...] = (), kind: str = "page") -> Push | None:
-        """The push for one URL, or None if this worker pushed it already."""
-        mode = self.mode(canonical, depth, nofollow) if kind == "page" else self._sitemap_mode(canonical)
+        """The push for one URL, or None if this worker pushed it already.
+
+        ``kind`` is the entry's (``page`` or ``sitemap``); for a sitemap,
+        ``depth`` is its nesting level (0: named by robots.txt)."""
+        mode = self.mode(canonical, depth, nofollow) if kind == "page" else self._sitemap_mode(canonical, depth)
         fp = fingerprint(canonical)
         key = fp if not mode else fp + b"s"
         if key in self.pushed:
@@ -106,8 +162,14 @@ class LinkPlanner:
         vkey = variant_key(canonical) if not mode else ""
         return r.shard, key, PushItem(fp, r.pkey, r.host, vkey, mode, payload)
 
-    def _sitemap_mode(self, canonical: str) -> str:
-        return "" if self.router.route(canonical).in_scope else "out_of_scope"
+    def _sitemap_mode(self, canonical: str, level: int) -> str:
+        """Why the sitemap ``canonical`` at nesting ``level`` (its entry's
+        ``depth``) is not to be fetched ("" if it is)."""
+        if not self.router.route(canonical).in_scope:
+            return "out_of_scope"
+        if level > MAX_NESTING:
+            return "sitemap_too_deep"
+        return ""
 
     def page_links(self, page_url: str, base: str, hrefs: list[str], nofollow_hrefs: set[str],
                    depth: int, nofollow_all: bool) -> tuple[list[str], list[Push]]:

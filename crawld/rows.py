@@ -7,18 +7,33 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
 ``outcome`` is one of:
 
 * ``fetched``   a response arrived (any status that is not a redirect);
-* ``redirect``  a 3xx with a Location; ``final_url`` is where it points,
-                and that URL has its own row (when in scope);
+* ``redirect``  the URL redirects, and ``redirect_kind`` says how:
+                ``http``, a 3xx with a Location; ``meta_refresh``, an HTML
+                page whose ``<meta http-equiv=refresh>`` names another URL,
+                whatever its delay (``refresh_delay_s``).  ``final_url`` is
+                where it points, and that URL has its own row (when in
+                scope) with this one in its ``redirect_chain``.  A
+                meta-refresh row is also the page's own: status (2xx),
+                title, robots meta, canonical link and outlinks, its links
+                followed.  Search engines follow both kinds (Google Search
+                Central, "Redirects and Google Search": an instant meta
+                refresh is read as a permanent redirect, a delayed one as a
+                temporary redirect), so an audit counts both in redirect
+                chains; a refresh that reloads the page itself (no URL, or
+                its own) is not a redirect: ``fetched`` with
+                ``refresh_delay_s``;
 * ``error``     no usable response; ``error`` says why (``connect: ...``,
                 ``timeout: ...``, ``deadline: ...``, ``protocol: ...``,
-                ``bad_redirect: ...``, ``redirect_loop: ...``, ...);
+                ``bad_redirect: ...``, ``redirect_loop: ...``,
+                ``too_many_redirects: ...``, ... - the redirect ones with
+                their ``redirect_kind``);
 * ``blocked``   not fetched on the site's or the operator's word:
                 ``robots_disallowed``, ``robots_unreachable: ...``,
                 ``address_blocked: ...``;
 * ``skipped``   not fetched by the crawl's limits: ``out_of_scope``,
                 ``over_depth``, ``over_budget``, ``too_many_query_variants``,
                 ``url_too_long``, ``path_loop``, ``nofollow``,
-                ``host_parked: ...`` (in ``error``);
+                ``sitemap_too_deep``, ``host_parked: ...`` (in ``error``);
 * ``dead_letter`` the URL was given up after ``max_attempts`` claims (its
                 worker kept dying, or it kept failing); ``error`` is the
                 reason and ``fetched_at`` when it was given up.
@@ -29,7 +44,7 @@ URL again (crawld.retry): of the rows of one URL, the merge keeps the one of
 the latest generation.
 
 Schema versions (``crawld.schema_version`` in the Parquet metadata): 1, the
-first; 2 adds ``retry``.
+first; 2 adds ``redirect_kind``, ``refresh_delay_s`` and ``retry``.
 """
 
 from __future__ import annotations
@@ -49,6 +64,8 @@ SCHEMA = pa.schema([
     pa.field("outcome", pa.string(), nullable=False),
     pa.field("status", pa.int32()),
     pa.field("redirect_chain", pa.list_(pa.string())),
+    pa.field("redirect_kind", pa.string()),
+    pa.field("refresh_delay_s", pa.int32()),
     pa.field("content_type", pa.string()),
     pa.field("content_length", pa.int64()),
     pa.field("truncated", pa.bool_()),
@@ -75,6 +92,9 @@ NDJSON_SCHEMA = pa.schema([
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
+#: ``redirect_kind`` values: a 3xx Location, a ``<meta http-equiv=refresh>``
+REDIRECT_KINDS = ("http", "meta_refresh")
+
 #: skip reasons (the ``mode`` of a frontier entry) whose row is ``blocked``
 #: rather than ``skipped``
 BLOCKED_MODES = ("robots_disallowed", "robots_unreachable", "address_blocked")
@@ -88,7 +108,8 @@ def outcome_of_mode(mode: str) -> str:
 def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard: int, attempt: int,
              depth: int, referrer: str | None, host: str, fetched_at: float, response_ms: float,
              status: int | None = None, final_url: str | None = None,
-             redirect_chain: tuple[str, ...] | list[str] = (), content_type: str | None = None,
+             redirect_chain: tuple[str, ...] | list[str] = (), redirect_kind: str | None = None,
+             refresh_delay_s: int | None = None, content_type: str | None = None,
              content_length: int | None = None, truncated: bool = False, title: str | None = None,
              meta_robots: str | None = None, canonical_link: str | None = None,
              x_robots_tag: str | None = None, outlinks: list[str] | None = None,
@@ -102,6 +123,8 @@ def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard
         "outcome": outcome,
         "status": status,
         "redirect_chain": list(redirect_chain),
+        "redirect_kind": redirect_kind,
+        "refresh_delay_s": refresh_delay_s,
         "content_type": content_type,
         "content_length": content_length,
         "truncated": truncated,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crawld.extract import HTML_TYPES, Page, parse_content_type, parse_html
+from crawld.extract import HTML_TYPES, MAX_REFRESH_DELAY, Page, parse_content_type, parse_html, parse_refresh
 
 PYDOCS = Path("/usr/share/doc/python3-doc/html")
 
@@ -184,6 +184,88 @@ def test_html_types():
     assert parse_content_type("text/html; charset=utf-8")[0] in HTML_TYPES
     assert parse_content_type("Application/XHTML+XML")[0] in HTML_TYPES
     assert parse_content_type("text/plain")[0] not in HTML_TYPES
+
+
+# <meta http-equiv=refresh> ------------------------------------------------------
+# HTML Living Standard 4.2.5.3 (refresh state), "shared declarative refresh
+# steps": (content, (delay, raw URL string) or None where the steps return)
+REFRESH_VALUES = [
+    # a time, then ";" / "," / whitespace, then "URL=" in any case (optional)
+    ("0;url=http://example.com/", (0, "http://example.com/")),
+    ("0; URL=http://example.com/", (0, "http://example.com/")),
+    ("0,Url=/next", (0, "/next")),
+    ("0 url=/next", (0, "/next")),
+    ("3 ; uRl = /spaced", (3, "/spaced")),
+    # quotes: the URL ends at the closing quote, whatever follows
+    ("0;url='http://example.com/'", (0, "http://example.com/")),
+    ('0; url="http://example.com/a b"', (0, "http://example.com/a b")),
+    ("0;url='http://example.com/' and then junk", (0, "http://example.com/")),
+    ("0;url='unterminated", (0, "unterminated")),
+    ("0; 'quoted-without-url='", (0, "quoted-without-url=")),
+    # no "url=" at all: the rest is the URL
+    ("0; http://x/", (0, "http://x/")),
+    ("0;http://x/", (0, "http://x/")),
+    ("0; urn:x", (0, "urn:x")),        # "u", "r", then not "l": the whole rest is the URL
+    ("0; url", (0, "url")),            # "url" without "=": the whole rest is the URL
+    ("0; url = ", (0, "")),            # an empty URL: the document's base URL
+    # newlines and other ASCII whitespace around the parts (the URL keeps
+    # its own; the URL parser trims them later)
+    ("\n 0\n;\n url=\n /nl \n", (0, "/nl \n")),
+    ("\t5\x0c;\rurl=/ff", (5, "/ff")),
+    # the delay: digits, a fraction ignored, ".5" is 0
+    ("5", (5, None)),
+    (" 5 ", (5, None)),
+    ("5;", (5, None)),
+    ("1.5; url=/f", (1, "/f")),
+    (".5,url=/z", (0, "/z")),
+    ("5.5.5", (5, None)),
+    ("9" * 5000, (MAX_REFRESH_DELAY, None)),  # saturated (and no int() of 5000 digits)
+    ("2147483648;url=/late", (MAX_REFRESH_DELAY, "/late")),
+    # the steps return (no refresh)
+    ("", None),
+    ("   ", None),
+    ("url=/x", None),                  # no time
+    ("; url=/x", None),
+    ("-1; url=/x", None),
+    ("5abc", None),                    # after the time: not ; , or whitespace
+    ("\u00a05; url=/x", None),        # NO-BREAK SPACE is not ASCII whitespace
+    ("0; url=javascript:alert(1)", None),
+    ("0; url=' JavaScript:alert(1)'", None),
+]
+
+
+@pytest.mark.parametrize("content, expected", REFRESH_VALUES, ids=[repr(c[0][:40]) for c in REFRESH_VALUES])
+def test_parse_refresh(content, expected):
+    assert parse_refresh(content) == expected
+
+
+# (id, document, expected (refresh_delay, refresh_url))
+REFRESH_PAGES = [
+    ("head", b"<head><meta http-equiv='refresh' content='0;url=/moved'></head>", (0, "/moved")),
+    ("http-equiv-any-case", b"<meta HTTP-EQUIV='ReFrEsH' content='7; URL=/a'>", (7, "/a")),
+    ("http-equiv-not-trimmed", b"<meta http-equiv=' refresh' content='0;url=/a'>", (None, None)),
+    ("in-body", b"<body><p>moved<meta http-equiv=refresh content='2;url=/b'></body>", (2, "/b")),
+    ("first-valid-wins", b"<meta http-equiv=refresh content='soon'><meta http-equiv=refresh content='4;url=/c'>"
+                         b"<meta http-equiv=refresh content='0;url=/d'>", (4, "/c")),
+    ("empty-content-skipped", b"<meta http-equiv=refresh content=''><meta http-equiv=refresh content='1;url=/e'>",
+     (1, "/e")),
+    ("no-content", b"<meta http-equiv=refresh>", (None, None)),
+    ("javascript-skipped", b"<meta http-equiv=refresh content='0;url=javascript:x()'>"
+                           b"<meta http-equiv=refresh content='0;url=/f'>", (0, "/f")),
+    ("reload-only", b"<meta http-equiv=refresh content='30'>", (30, None)),
+    ("entities-decoded", b"<meta http-equiv=refresh content='0;url=/g?a=1&amp;b=2'>", (0, "/g?a=1&b=2")),
+    # scripting is on (as in browsers): <noscript> content is text, not a <meta>
+    ("noscript-ignored", b"<head><noscript><meta http-equiv=refresh content='0;url=/ns'></noscript></head>",
+     (None, None)),
+    ("other-http-equiv", b"<meta http-equiv='content-type' content='0; url=/h'>", (None, None)),
+    ("none", b"<title>t</title>", (None, None)),
+]
+
+
+@pytest.mark.parametrize("body, expected", [c[1:] for c in REFRESH_PAGES], ids=[c[0] for c in REFRESH_PAGES])
+def test_meta_refresh_of_a_page(body, expected):
+    page = parse_html(body, "utf-8")
+    assert (page.refresh_delay, page.refresh_url) == expected
 
 
 # real pages: the Python documentation of Debian's python3-doc ---------------

@@ -359,6 +359,32 @@ case("x-robots-tag-other-agent", f"{M}/nf/xrt-other-child",
              (MAIN, "/nf/xrt-other-child"): child_page("other child")},
      link="/nf/xrt-other", outcome="fetched", status=200,
      check=lambda row, c: c.row(f"{M}/nf/xrt-other")["x_robots_tag"] == "otherbot: nofollow")
+# X-Robots-Tag: every header line on its own (Google Search Central, "Using
+# the X-Robots-Tag HTTP header": rules without a user agent are valid for
+# all crawlers; a <user-agent>: prefix scopes the rules after it)
+case("x-robots-tag-unscoped-line-after-scoped", f"{M}/nf/xrt-lines-child",
+     "two X-Robots-Tag lines, 'otherbot: noindex' then 'nofollow': the unscoped nofollow applies, the link is "
+     "skipped/nofollow, never requested",
+     routes={(MAIN, "/nf/xrt-lines"): page("xrt lines", ["/nf/xrt-lines-child"],
+                                           headers=[("X-Robots-Tag", "otherbot: noindex"), ("X-Robots-Tag", "nofollow")]),
+             (MAIN, "/nf/xrt-lines-child"): child_page("must not be fetched")},
+     link="/nf/xrt-lines", outcome="skipped", error="nofollow", status=None,
+     check=lambda row, c: c.row(f"{M}/nf/xrt-lines")["x_robots_tag"] == "otherbot: noindex, nofollow"
+     and c.row(f"{M}/nf/xrt-lines")["outcome"] == "fetched")
+case("x-robots-tag-two-agents-one-line", f"{M}/nf/xrt-two-child",
+     "X-Robots-Tag 'googlebot: noindex, crawld: nofollow' (one line, two agents): nofollow is ours, the link is "
+     "skipped/nofollow",
+     routes={(MAIN, "/nf/xrt-two"): page("xrt two", ["/nf/xrt-two-child"],
+                                         headers=[("X-Robots-Tag", f"googlebot: noindex, {UA_TOKEN}: nofollow")]),
+             (MAIN, "/nf/xrt-two-child"): child_page("must not be fetched")},
+     link="/nf/xrt-two", outcome="skipped", error="nofollow")
+case("x-robots-tag-ours-then-other", f"{M}/nf/xrt-mine-child",
+     "X-Robots-Tag 'crawld: noindex, otherbot: nofollow': nofollow is otherbot's, the link is fetched",
+     routes={(MAIN, "/nf/xrt-mine"): page("xrt mine", ["/nf/xrt-mine-child"],
+                                          headers=[("X-Robots-Tag", f"{UA_TOKEN}: noindex, otherbot: nofollow")]),
+             (MAIN, "/nf/xrt-mine-child"): child_page("mine child")},
+     link="/nf/xrt-mine", outcome="fetched", status=200)
+
 _NOSCRIPT_HEAD = ('<!doctype html><html><head><title>noscript pixel</title>'
                   '<noscript><img height="1" width="1" src="/px.gif"></noscript>'
                   '<meta name="robots" content="nofollow"><link rel="canonical" href="/nf/noscript-canonical">'
@@ -506,6 +532,75 @@ case("redirect-out-of-scope", f"http://{OUTSIDE}/via-redirect",
      "a redirect out of scope: the target is skipped/out_of_scope with the chain, never requested",
      routes={(MAIN, "/r/outside"): redirect(f"http://{OUTSIDE}/via-redirect", 308)},
      link="/r/outside", outcome="skipped", error="out_of_scope", redirect_chain=[f"{M}/r/outside"])
+
+# ---- meta refresh ------------------------------------------------------------------
+# <meta http-equiv=refresh>, read as the HTML Standard's shared declarative
+# refresh steps, is a redirect hop of its page (any delay; see crawld.rows)
+
+
+def refresh_page(title: str, content: str, links=(), head_extra: str = ""):
+    return page(title, list(links), head_extra=f'<meta http-equiv="refresh" content="{content}">' + head_extra)
+
+
+case("meta-refresh-instant", f"{M}/mr/instant",
+     "meta refresh 0;url='/mr/landing' (quoted): redirect to it, kind meta_refresh, delay 0, the page's own fields kept",
+     routes={(MAIN, "/mr/instant"): refresh_page("moved", "0;url='/mr/landing'", ["/mr/landing", "/mr/instant-child"]),
+             (MAIN, "/mr/landing"): child_page("landing"), (MAIN, "/mr/instant-child"): child_page("child")},
+     outcome="redirect", status=200, final_url=f"{M}/mr/landing", redirect_kind="meta_refresh", refresh_delay_s=0,
+     title="moved", error=None, outlinks=[f"{M}/mr/landing", f"{M}/mr/instant-child"], depth=1, requests=1)
+case("meta-refresh-target", f"{M}/mr/landing",
+     "the meta refresh target: fetched once, with the refreshing page in its redirect_chain, at the page's depth",
+     link=None, outcome="fetched", status=200, redirect_chain=[f"{M}/mr/instant"], depth=1, referrer=f"{M}/",
+     redirect_kind=None, requests=1)
+case("meta-refresh-page-links-followed", f"{M}/mr/instant-child",
+     "the links of a meta-refreshing page are still followed (depth + 1, referrer the page)",
+     link=None, outcome="fetched", status=200, depth=2, referrer=f"{M}/mr/instant", redirect_chain=[])
+case("meta-refresh-delayed-spaced", f"{M}/mr/delayed",
+     "meta refresh '7 ;\\n URL = \"/mr/delayed-landing\"' (delay, newline, spaces, URL in capitals): redirect, delay 7",
+     routes={(MAIN, "/mr/delayed"): refresh_page("delayed", "7 ;\n URL = &quot;/mr/delayed-landing&quot; later"),
+             (MAIN, "/mr/delayed-landing"): child_page("delayed landing")},
+     outcome="redirect", final_url=f"{M}/mr/delayed-landing", redirect_kind="meta_refresh", refresh_delay_s=7,
+     check=lambda row, c: c.row(f"{M}/mr/delayed-landing")["redirect_chain"] == [f"{M}/mr/delayed"])
+case("meta-refresh-no-url-keyword", f"http://{PEER}/mr-peer",
+     "meta refresh '0; http://landing.hostile-peer.org/mr-peer' (no url=): the cross-host target is fetched with its chain",
+     routes={(MAIN, "/mr/bare"): refresh_page("bare", f"0; http://{PEER}/mr-peer"),
+             (PEER, "/mr-peer"): child_page("peer landing")},
+     link="/mr/bare", outcome="fetched", status=200, host=PEER, redirect_chain=[f"{M}/mr/bare"],
+     check=lambda row, c: c.row(f"{M}/mr/bare")["outcome"] == "redirect"
+     and c.row(f"{M}/mr/bare")["final_url"] == f"http://{PEER}/mr-peer")
+case("meta-refresh-base-href", f"{M}/mr/based/target",
+     "meta refresh to a relative URL resolves against <base href>, as links do",
+     routes={(MAIN, "/mr/base"): refresh_page("based", "0;url=target", head_extra='<base href="/mr/based/">'),
+             (MAIN, "/mr/based/target"): child_page("based target")},
+     link="/mr/base", outcome="fetched", status=200, redirect_chain=[f"{M}/mr/base"])
+case("meta-refresh-reload", f"{M}/mr/reload",
+     "meta refresh '30' (no URL: the page reloads itself): fetched, refresh_delay_s 30, not a redirect",
+     routes={(MAIN, "/mr/reload"): refresh_page("reload", "30")},
+     outcome="fetched", status=200, refresh_delay_s=30, redirect_kind=None, final_url=f"{M}/mr/reload", requests=1)
+case("meta-refresh-to-itself", f"{M}/mr/self",
+     "meta refresh to the page's own URL: a reload, fetched (not a redirect loop), one request",
+     routes={(MAIN, "/mr/self"): refresh_page("self", "0; url=/mr/self#top")},
+     outcome="fetched", status=200, refresh_delay_s=0, redirect_kind=None, error=None, requests=1)
+case("meta-refresh-loop", f"{M}/mr/loop-b",
+     "meta refresh A -> B -> A: B ends as error redirect_loop (kind meta_refresh), A requested once",
+     routes={(MAIN, "/mr/loop-a"): refresh_page("loop a", "0;url=/mr/loop-b"),
+             (MAIN, "/mr/loop-b"): refresh_page("loop b", "0;url=/mr/loop-a")},
+     link="/mr/loop-a", outcome="error", status=200, error_prefix="redirect_loop:", redirect_kind="meta_refresh",
+     redirect_chain=[f"{M}/mr/loop-a"], title="loop b", requests=1,
+     check=lambda row, c: c.srv.count(MAIN, "/mr/loop-a") == 1)
+case("meta-refresh-bad-url", f"{M}/mr/bad",
+     "meta refresh to 'http://[oops/': error bad_redirect naming the meta refresh URL, the page's fields kept",
+     routes={(MAIN, "/mr/bad"): refresh_page("bad refresh", "0;url=http://[oops/")},
+     outcome="error", status=200, error_prefix="bad_redirect: meta refresh URL", error_contains="[oops",
+     redirect_kind="meta_refresh", title="bad refresh")
+case("meta-refresh-javascript", f"{M}/mr/js",
+     "meta refresh to javascript: is no refresh (HTML Standard): fetched, no refresh recorded",
+     routes={(MAIN, "/mr/js"): refresh_page("js refresh", "0;url=javascript:alert(1)")},
+     outcome="fetched", status=200, refresh_delay_s=None, redirect_kind=None, error=None)
+case("http-redirect-kind", f"{M}/r/kind",
+     "a 301 with a Location: redirect row with redirect_kind http",
+     routes={(MAIN, "/r/kind"): redirect("/r/kind-landing", 301), (MAIN, "/r/kind-landing"): child_page("kind")},
+     outcome="redirect", status=301, redirect_kind="http", refresh_delay_s=None, final_url=f"{M}/r/kind-landing")
 
 # ---- address policy (SSRF) -----------------------------------------------------------
 case("ssrf-aws-metadata", META4,
@@ -832,8 +927,8 @@ def crawled(redis_server, tmp_path_factory) -> Crawl:
 
 # -- checks ---------------------------------------------------------------------------------
 _FIELDS = ("outcome", "status", "error", "truncated", "content_type", "content_length", "final_url", "title",
-           "meta_robots", "x_robots_tag", "canonical_link", "redirect_chain", "attempt", "depth", "host",
-           "referrer")
+           "meta_robots", "x_robots_tag", "canonical_link", "redirect_chain", "redirect_kind", "refresh_delay_s",
+           "attempt", "depth", "host", "referrer")
 
 
 def check_row(c: Case, crawl: Crawl) -> list[str]:

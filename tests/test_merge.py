@@ -125,7 +125,7 @@ def test_artifact_schema_is_exactly_rows_schema(crawl_out):
     assert schema.names == SCHEMA.names
     for got, want in zip(schema, SCHEMA):
         assert (got.name, got.type, got.nullable) == (want.name, want.type, want.nullable)
-    assert schema.metadata[b"crawld.schema_version"] == b"1"
+    assert schema.metadata[b"crawld.schema_version"] == b"2"
     assert pq.read_table(res.path).schema.equals(SCHEMA)
 
 
@@ -166,6 +166,32 @@ def test_values_survive(tmp_path):
     assert got[0]["response_ms"] == 19.346 and got[0]["shard"] == 3
     assert got[1]["status"] is None and got[1]["final_url"] is None
     assert got[1]["error"] == "connect: refused" and got[1]["title"] is None
+
+
+def test_redirect_kind_and_refresh_delay_survive(tmp_path):
+    meta = row(1, outcome="redirect", final_url="http://example.com/2", redirect_kind="meta_refresh",
+               refresh_delay_s=5)
+    http = row(2, status=301, outcome="redirect", final_url="http://example.com/3", redirect_kind="http",
+               title=None, outlinks=[])
+    write_part(tmp_path, 0, [meta, http, row(3)])
+    got = {r["canonical_url"]: r for r in read_rows(merge_crawl(tmp_path, CRAWL, "2024-03-05T10:00:00Z").path)}
+    assert (got["http://example.com/1"]["redirect_kind"], got["http://example.com/1"]["refresh_delay_s"]) == \
+        ("meta_refresh", 5)
+    assert got["http://example.com/1"]["status"] == 200 and got["http://example.com/1"]["outlinks"]
+    assert (got["http://example.com/2"]["redirect_kind"], got["http://example.com/2"]["refresh_delay_s"]) == ("http", None)
+    assert (got["http://example.com/3"]["redirect_kind"], got["http://example.com/3"]["refresh_delay_s"]) == (None, None)
+
+
+def test_part_written_without_the_redirect_kind_columns_merges(tmp_path):
+    # a part written by a worker whose rows lack redirect_kind and
+    # refresh_delay_s: both read as null
+    old = {k: v for k, v in row(4).items() if k not in ("redirect_kind", "refresh_delay_s")}
+    write_part(tmp_path, 0, [old, row(5, redirect_kind="http", outcome="redirect")])
+    res = merge_crawl(tmp_path, CRAWL, "2024-03-05T10:00:00Z")
+    got = {r["canonical_url"]: r for r in read_rows(res.path)}
+    assert (res.rows, res.bad_lines) == (2, 0)
+    assert got["http://example.com/4"]["redirect_kind"] is None and got["http://example.com/4"]["title"]
+    assert got["http://example.com/5"]["redirect_kind"] == "http"
 
 
 def test_merge_equals_naive_merge(tmp_path):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 
 import pyarrow.parquet as pq
 
 from conftest import crawlctl, summary_of
 from crawld.ratecheck import max_in_window, rate_violations
+from crawld.sitemaps import MAX_NESTING
 from crawld.sitesrv import SiteServer, SyntheticSite
+from hostile import HostileServer, html, page, respond, response, send
 
 
 def _crawl(srv, tmp_path, redis_server, crawl_id, *seeds, extra=()):
@@ -89,3 +92,91 @@ def test_without_the_setting_sitemaps_are_not_fetched(tmp_path, redis_server, rd
         _crawl(srv, tmp_path, redis_server, "nomaps", f"http://{host}/")
         paths = {h.path for h in srv.hits()}
     assert "/sm.xml" not in paths and "/sitemap.xml" not in paths and "/hidden.html" not in paths
+
+
+# -- text sitemaps, multi-member gzip, nested indexes (through the hostile server) --
+MAZE = "www.sitemap-maze.com"
+MAZE_LAST = 8  # the server's chain of nested indexes ends here (a 404 after)
+
+
+def _index_of(*locs: str) -> bytes:
+    items = "".join(f"<sitemap><loc>{loc}</loc></sitemap>" for loc in locs)
+    return (f'<?xml version="1.0"?><sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            f"{items}</sitemapindex>").encode()
+
+
+def _nested_index(conn, req):
+    # /nest/N.xml lists /nest/N+1.xml, as a server inventing indexes forever does
+    n = int(req.path.rsplit("/", 1)[1].split(".")[0])
+    if n > MAZE_LAST:
+        return send(conn, response(404, "gone", content_type="text/plain"))
+    send(conn, response(200, _index_of(f"http://{MAZE}/nest/{n + 1}.xml"), content_type="application/xml"))
+
+
+def test_text_multi_member_and_nested_sitemaps(tmp_path, redis_server, rds):
+    """sitemaps.org text sitemaps (plain and .txt.gz) are read; a gzip file of
+    several members is read to its end, a gzip bomb of several members only
+    to MAX_UNCOMPRESSED in all; nested indexes stop at MAX_NESTING, the
+    sitemap below recorded (skipped sitemap_too_deep), never requested."""
+    site = f"http://{MAZE}"
+    robots = "User-agent: *\n" + "".join(f"Sitemap: {site}{p}\n" for p in (
+        "/maps/urls.txt", "/maps/more.txt.gz", "/maps/multi.xml.gz", "/maps/bomb.xml.gz", "/nest/0.xml"))
+    multi = (gzip.compress(b'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">')
+             + gzip.compress(f"<url><loc>{site}/m/1</loc></url>".encode())
+             + gzip.compress(f"<url><loc>{site}/m/2</loc></url></urlset>".encode()))
+    # a gzip bomb of several members, 60 MiB of spaces in all (~60 KB sent):
+    # read up to MAX_UNCOMPRESSED in total, the URL after that never seen
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    spaces = c.compress(b" " * (20 << 20)) + c.flush()
+    bomb = (gzip.compress(f'<urlset><url><loc>{site}/b/early</loc></url>'.encode()) + spaces * 3
+            + gzip.compress(f"<url><loc>{site}/b/late</loc></url></urlset>".encode()))
+    srv = HostileServer()
+    srv.route(MAZE, "/maps/bomb.xml.gz", respond(200, bomb, content_type="application/gzip"))
+    srv.route(MAZE, "/robots.txt", respond(200, robots, content_type="text/plain"))
+    srv.route(MAZE, "/", page("maze", []))
+    srv.route(MAZE, "/maps/urls.txt", respond(200, f"{site}/t/a\n\n{site}/t/b\r\n/not-absolute\n", content_type="text/plain"))
+    srv.route(MAZE, "/maps/more.txt.gz", respond(200, gzip.compress(f"{site}/t/gz\n".encode()),
+                                                 content_type="application/gzip"))
+    srv.route(MAZE, "/maps/multi.xml.gz", respond(200, multi, content_type="application/gzip"))
+    srv.route_prefix(MAZE, "/nest/", _nested_index)
+    for prefix in ("/t/", "/m/", "/b/"):
+        srv.route_prefix(MAZE, prefix, lambda conn, req: send(conn, response(200, html(req.path, []))))
+    with srv:
+        summary_of(crawlctl("run", f"{site}/", "--crawl-id", "maze", "--shards", "2", "--sitemaps",
+                            "--max-rps-per-host", "50", "--proxy", srv.url, "--redis-url", redis_server.url,
+                            "--out", str(tmp_path), "--json", env={"NO_PROXY": "", "no_proxy": ""}))
+    rows = {r["canonical_url"]: r for r in pq.read_table(next(tmp_path.rglob("maze.parquet"))).to_pylist()}
+    fetched = {u for u, r in rows.items() if r["outcome"] == "fetched" and r["status"] == 200}
+    none = {"outcome": None, "error": None, "outlinks": None, "depth": None, "referrer": None}
+    row = lambda path: rows.get(f"{site}{path}", none)  # noqa: E731
+    problems = []
+
+    def expect(what: str, ok: bool) -> None:
+        if not ok:
+            problems.append(what)
+    # text sitemaps, plain and gzip: their URLs were fetched
+    expect("text sitemap URLs fetched", {f"{site}/t/a", f"{site}/t/b", f"{site}/t/gz"} <= fetched)
+    expect("text sitemap row", row("/maps/urls.txt")["outlinks"] == [f"{site}/t/a", f"{site}/t/b"]
+           and row("/maps/urls.txt")["error"] == "sitemap: 1 line not an absolute http(s) URL")
+    expect(".txt.gz row", row("/maps/more.txt.gz")["outlinks"] == [f"{site}/t/gz"]
+           and row("/maps/more.txt.gz")["error"] is None)
+    # every member of the multi-member gzip file
+    expect("multi-member row", row("/maps/multi.xml.gz")["outlinks"] == [f"{site}/m/1", f"{site}/m/2"]
+           and row("/maps/multi.xml.gz")["error"] is None)
+    expect("multi-member URLs fetched", {f"{site}/m/1", f"{site}/m/2"} <= fetched)
+    expect("gzip bomb cut", row("/maps/bomb.xml.gz")["outlinks"] == [f"{site}/b/early"]
+           and (row("/maps/bomb.xml.gz")["error"] or "").startswith("sitemap: cut short: over 52428800 bytes")
+           and f"{site}/b/early" in fetched and f"{site}/b/late" not in rows)
+    # nested indexes: levels 0..MAX_NESTING fetched once each, the next one
+    # recorded without a request, none deeper
+    for n in range(MAX_NESTING + 1):
+        expect(f"index at level {n} fetched", (row(f"/nest/{n}.xml")["outcome"], row(f"/nest/{n}.xml")["depth"])
+               == ("fetched", n) and srv.count(MAZE, f"/nest/{n}.xml") == 1)
+    deep = row(f"/nest/{MAX_NESTING + 1}.xml")
+    expect("index below MAX_NESTING recorded", (deep["outcome"], deep["error"], deep["depth"], deep["referrer"])
+           == ("skipped", "sitemap_too_deep", MAX_NESTING + 1, f"{site}/nest/{MAX_NESTING}.xml"))
+    expect("no request below MAX_NESTING",
+           not any(hit.path.startswith(f"/nest/{MAX_NESTING + 1}") for hit in srv.hits()))
+    expect("no row deeper", f"{site}/nest/{MAX_NESTING + 2}.xml" not in rows)
+    expect("server behaviours ran cleanly", not srv.errors)
+    assert not problems, problems

@@ -19,7 +19,7 @@ from crawld.netpolicy import AddressPolicy
 from crawld.outcomes import DEFER, RECORD, RETRY, disposition, host_report
 from crawld.robots import ALLOW_ALL, RULES, UNREACHABLE, RobotsPolicy, RobotsRecord, agent_token, classify
 from crawld.scope import Router, trap_reason, variant_key
-from crawld.sitemaps import MAX_UNCOMPRESSED, MAX_URLS, parse_sitemap
+from crawld.sitemaps import MAX_GZIP_MEMBERS, MAX_NESTING, MAX_UNCOMPRESSED, MAX_URLS, parse_sitemap
 
 CFG = CrawlConfig.from_dict({"crawl_id": "t", "seeds": ["http://www.example.com/"], "max_depth": 2,
                              "max_retry_after_s": 60, "max_attempts": 3})
@@ -156,6 +156,46 @@ def test_robots_directives(meta, xrt, expect):
     assert robots_directives(meta, xrt, "crawld") == expect
 
 
+# X-Robots-Tag, one list item per header line as received, for the agent
+# "crawld".  Google Search Central ("Using the X-Robots-Tag HTTP header"):
+# a line "may optionally specify a user agent before the rules"; "rules
+# specified without a user agent are valid for all crawlers"; MDN's
+# X-Robots-Tag reference: a <bot-name>: applies to the rules after it, so
+# one line may scope rules to several agents in turn.
+XRT_LINES = [
+    # an unscoped line applies whether it comes before or after scoped ones
+    (["otherbot: noindex", "nofollow"], {"nofollow"}),
+    (["nofollow", "otherbot: noindex"], {"nofollow"}),
+    (["otherbot: noindex", "crawld: nofollow"], {"nofollow"}),
+    # one line: the agent scopes every rule after it up to the next agent
+    (["otherbot: noindex, nofollow"], set()),
+    (["googlebot: noindex, otherbot: nofollow"], set()),
+    (["googlebot: noindex, crawld: nofollow"], {"nofollow"}),
+    (["crawld: noindex, otherbot: nofollow"], {"noindex"}),
+    (["noindex, otherbot: nofollow"], {"noindex"}),
+    (["BadBot: noindex, nofollow, crawld: nofollow"], {"nofollow"}),
+    # names are case-insensitive; * is every agent
+    (["CRAWLD: NoFollow"], {"nofollow"}),
+    (["*: noindex"], {"noindex"}),
+    # valued rules are not user agents, and an RFC 822 date keeps its comma
+    (["max-snippet: 20, nofollow"], {"max-snippet: 20", "nofollow"}),
+    (["max-image-preview:large"], {"max-image-preview: large"}),
+    (["unavailable_after: Wed, 03 Dec 2025 13:09:53 GMT, nofollow"],
+     {"unavailable_after: wed, 03 dec 2025 13:09:53 gmt", "nofollow"}),
+    (["otherbot: unavailable_after: 25 Jun 2010 15:00:00 PST", "noarchive"], {"noarchive"}),
+    (["crawld: max-video-preview: -1"], {"max-video-preview: -1"}),
+    # each line starts unscoped
+    (["crawld: noindex", "otherbot: nofollow"], {"noindex"}),
+    (["otherbot: noindex", "noarchive, crawld: none"], {"noarchive", "none", "noindex", "nofollow"}),
+    ([], set()), ([""], set()), (["crawld:"], set()),
+]
+
+
+@pytest.mark.parametrize("lines,expect", XRT_LINES, ids=[" | ".join(map(repr, c[0])) or "no-line" for c in XRT_LINES])
+def test_x_robots_tag_lines(lines, expect):
+    assert robots_directives(None, lines, "crawld") == expect
+
+
 def test_link_modes_in_priority_order():
     blocked = {"http://www.example.com": False}
     planner = LinkPlanner(CFG, Router(CFG), lambda origin, url: blocked.get(origin) if "/private" in url else None)
@@ -166,6 +206,17 @@ def test_link_modes_in_priority_order():
     assert planner.mode("http://www.example.com/" + "x" * 3000, 1) == "url_too_long"
     assert planner.mode("http://www.example.com/private/x", 1) == "robots_disallowed"
     assert planner.mode("http://blog.example.com/x", 2) == ""
+
+
+def test_sitemaps_nest_to_a_fixed_level():
+    planner = LinkPlanner(CFG, Router(CFG), lambda o, u: None)
+
+    def mode(url, level):
+        return planner.plan(url, url, level, "http://www.example.com/robots.txt", kind="sitemap")[2].mode
+    assert [mode(f"http://www.example.com/sm/{n}.xml", n) for n in range(MAX_NESTING + 3)] == \
+        [""] * (MAX_NESTING + 1) + ["sitemap_too_deep"] * 2
+    assert mode("http://other.org/sm.xml", 0) == "out_of_scope"
+    assert mode("http://other.org/sm.xml", MAX_NESTING + 1) == "out_of_scope"
 
 
 def test_pages_links_and_dedup_keys():
@@ -225,3 +276,84 @@ def test_sitemap_limits_and_bombs():
               + b']><urlset><url><loc>&lol9;</loc></url></urlset>')
     res = parse_sitemap(laughs)
     assert res.locs == [] and res.error
+
+
+# text sitemaps (sitemaps.org, "Text file"): UTF-8, one fully specified URL a
+# line, possibly gzip-compressed: (body, kind, locs, error substring or None)
+TEXT_SITEMAPS = [
+    (b"http://x.com/a\nhttp://x.com/b\n", "text", ["http://x.com/a", "http://x.com/b"], None),
+    (b"https://x.com/a\r\nHTTP://x.com/B\r\n", "text", ["https://x.com/a", "HTTP://x.com/B"], None),
+    (b"\xef\xbb\xbf  http://x.com/bom\n\n\n  http://x.com/spaced  \n", "text",
+     ["http://x.com/bom", "http://x.com/spaced"], None),
+    (b"http://x.com/last-line-without-newline", "text", ["http://x.com/last-line-without-newline"], None),
+    ("http://x.com/caf\u00e9\n".encode(), "text", ["http://x.com/caf\u00e9"], None),
+    (b"http://x.com/a\n/relative\nftp://x.com/f\nnot a url\n", "text", ["http://x.com/a"],
+     "3 lines not an absolute http(s) URL"),
+    (b"Not Found", "text", [], "1 line not an absolute http(s) URL"),
+    (gzip.compress(b"http://x.com/gz\n", mtime=0), "text", ["http://x.com/gz"], None),
+    (b"", None, [], "empty"), (b" \n\t", None, [], "empty"),
+    # XML is told apart by its first character
+    (b"\n\n  " + _urlset(1), "urlset", ["http://x.com/0"], None),
+    (b"\xef\xbb\xbf" + _urlset(1), "urlset", ["http://x.com/0"], None),
+]
+
+
+@pytest.mark.parametrize("body,kind,locs,error", TEXT_SITEMAPS, ids=[f"{i}-{c[1]}" for i, c in enumerate(TEXT_SITEMAPS)])
+def test_text_sitemaps(body, kind, locs, error):
+    sm = parse_sitemap(body)
+    assert (sm.kind, sm.locs) == (kind, locs)
+    assert (sm.error is None) if error is None else (error in (sm.error or ""))
+
+
+def test_text_sitemap_limits():
+    many = b"".join(b"http://x.com/%d\n" % i for i in range(MAX_URLS + 10))
+    assert len(parse_sitemap(many).locs) == MAX_URLS
+    # cut at MAX_UNCOMPRESSED: the last line, maybe part of a URL, is left out
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+    line = b"http://x.com/" + b"p" * 100 + b"\n"
+    data = bomb.compress(line * (MAX_UNCOMPRESSED // len(line) + 100)) + bomb.flush()
+    sm = parse_sitemap(data)
+    assert sm.kind == "text" and len(sm.locs) == min(MAX_URLS, MAX_UNCOMPRESSED // len(line))
+    assert all(u == line.strip().decode() for u in sm.locs)
+
+
+def _members(*parts: bytes) -> bytes:
+    return b"".join(gzip.compress(p) for p in parts)
+
+
+def test_multi_member_gzip_is_read_to_the_end():
+    # RFC 1952 section 2.2: a gzip file is a series of members (cat a.gz b.gz)
+    xml = _members(b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">',
+                   b"<url><loc>http://x.com/1</loc></url>", b"", b"<url><loc>http://x.com/2</loc></url></urlset>")
+    assert parse_sitemap(xml).locs == ["http://x.com/1", "http://x.com/2"]
+    assert parse_sitemap(xml).error is None
+    text = _members(b"http://x.com/a\n", b"http://x.com/b\n")
+    assert parse_sitemap(text).locs == ["http://x.com/a", "http://x.com/b"]
+    # trailing bytes that start no member are ignored; a broken later member
+    # or a file ending inside a member keeps what came before
+    assert parse_sitemap(text + b"\0" * 8).locs == ["http://x.com/a", "http://x.com/b"]
+    assert parse_sitemap(text + b"\x1f\x8b not gzip").locs == ["http://x.com/a", "http://x.com/b"]
+    assert parse_sitemap(text + gzip.compress(b"http://x.com/c\n")[:-8]).locs[:2] == ["http://x.com/a", "http://x.com/b"]
+
+
+def test_multi_member_gzip_bomb_is_bounded_in_total():
+    # members of 20 MiB of spaces each (~20 KiB on the wire): the bound holds
+    # over their sum, so the URL in the member past MAX_UNCOMPRESSED is never read
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    spaces = c.compress(b" " * (20 << 20)) + c.flush()
+    data = (gzip.compress(b"<urlset><url><loc>http://x.com/early</loc></url>") + spaces
+            + gzip.compress(b"<url><loc>http://x.com/within</loc></url>") + spaces + spaces
+            + gzip.compress(b"<url><loc>http://x.com/beyond</loc></url></urlset>"))
+    assert len(data) < 200_000
+    sm = parse_sitemap(data)
+    assert sm.kind == "urlset" and sm.locs == ["http://x.com/early", "http://x.com/within"]
+    assert "over 52428800 bytes" in sm.error
+
+
+def test_many_gzip_members_are_cut_at_a_count():
+    # 500,000 empty members (10 MB): read up to MAX_GZIP_MEMBERS, in linear time
+    data = gzip.compress(b"http://x.com/first\n") + gzip.compress(b"") * 500_000 + gzip.compress(b"http://x.com/late\n")
+    t0 = time.process_time()
+    sm = parse_sitemap(data)
+    assert time.process_time() - t0 < 5
+    assert sm.locs == ["http://x.com/first"] and f"over {MAX_GZIP_MEMBERS} gzip members" in sm.error
