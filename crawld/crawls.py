@@ -18,7 +18,7 @@ from .frontier import Entry, Frontier, PushItem
 from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router, variant_key
-from .urls import BadURL, canonicalize, fingerprint, without_userinfo
+from .urls import BadURL, canonicalize, fingerprint, resolve, without_userinfo
 
 
 class NoSuchCrawl(ConfigError):
@@ -99,7 +99,9 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
             raise BadURL(f"seed {u!r}: not a crawlable URL")
         r = router.route(canon)
         fp = fingerprint(canon)
-        payload = Entry(without_userinfo(u), canon, 0).to_payload()
+        # the seed as it is fetched: the WHATWG serialisation, without
+        # credentials or fragment (crawld.urls.resolve_link)
+        payload = Entry(resolve(None, u) or without_userinfo(u), canon, 0).to_payload()
         by_shard.setdefault(r.shard, []).append(PushItem(fp, r.pkey, r.host, variant_key(canon), "", payload))
     return sum(frontier.push(s, items)[0] for s, items in by_shard.items())
 

@@ -48,7 +48,7 @@ SPILL_REASON = "memory_backpressure"
 BACKPRESSURE_HYSTERESIS = 0.02
 from .scope import Router
 from .sitemaps import parse_sitemap
-from .urls import resolve
+from .urls import resolve, resolve_link
 from .redisconn import ERRORS as REDIS_ERRORS
 
 
@@ -220,7 +220,7 @@ class CrawlShard:
                 rows.append(make_row(crawl_id=self.crawl_id, url=e.url, canonical_url=e.canonical,
                                      outcome=outcome_of_mode(mode) if mode else "skipped",
                                      error=mode or SPILL_REASON, shard=shard, attempt=0, depth=e.depth,
-                                     referrer=e.referrer, host=self.router.route(e.canonical).host,
+                                     referrer=e.referrer, host=self.links.row_host(e, mode or ""),
                                      fetched_at=now, response_ms=0.0, redirect_chain=e.redirect_chain))
         return rows
 
@@ -354,15 +354,15 @@ class CrawlShard:
         if len(self._rows) + len(self._skip_rows) >= self.commit_batch:
             self.commit_wanted = True
 
-    def _base_row(self, entry: Entry, claim: Claim, fetched_at: float) -> dict:
+    def _base_row(self, entry: Entry, claim: Claim, fetched_at: float, mode: str = "") -> dict:
         return dict(crawl_id=self.config.crawl_id, url=entry.url, canonical_url=entry.canonical,
                     shard=self.shard, attempt=claim.attempts, depth=entry.depth, referrer=entry.referrer,
-                    host=self.router.route(entry.canonical).host, fetched_at=fetched_at, response_ms=0.0,
+                    host=self.links.row_host(entry, mode), fetched_at=fetched_at, response_ms=0.0,
                     redirect_chain=entry.redirect_chain)
 
     def _record(self, entry: Entry, claim: Claim, mode: str, skip: bool = True) -> None:
         """A row for a URL that is not fetched, and why."""
-        row = make_row(outcome=outcome_of_mode(mode), error=mode, **self._base_row(entry, claim, time.time()))
+        row = make_row(outcome=outcome_of_mode(mode), error=mode, **self._base_row(entry, claim, time.time(), mode))
         self._finish(claim, row, skip=skip)
 
     def _visit(self, entry: Entry, claim: Claim) -> None:
@@ -428,9 +428,10 @@ class CrawlShard:
         if cfg.sitemaps and in_scope and pol.state != UNREACHABLE:
             pushes = []
             for sm in [*pol.sitemaps, origin + "/sitemap.xml"]:
-                canon = self.router.canonical(sm)
+                url = resolve(None, sm)  # sitemap URLs are absolute (sitemaps.org)
+                canon = self.router.canonical(url) if url else None
                 if canon is not None:
-                    p = self.links.plan(sm, canon, 0, origin + "/robots.txt", kind="sitemap")
+                    p = self.links.plan(url, canon, 0, origin + "/robots.txt", kind="sitemap")
                     if p is not None:
                         pushes.append(p)
             by_shard: dict[int, list[PushItem]] = defaultdict(list)
@@ -489,10 +490,10 @@ class CrawlShard:
 
     def _redirect(self, entry: Entry, res: FetchResult, common: dict) -> tuple[dict, list[Push]]:
         location = res.headers["location"]
-        target = resolve(entry.url, location)
+        target, why = resolve_link(entry.url, location)
         canon = self.router.canonical(target) if target else None
         if canon is None:
-            common["error"] = f"bad_redirect: Location {location[:200]!r}"
+            common["error"] = f"bad_redirect: Location {location[:200]!r}" + (f" ({why})" if why else "")
             return make_row(outcome="error", **common), []
         chain = entry.redirect_chain + (entry.url,)
         earlier = {self.router.canonical(u) for u in chain}
@@ -511,11 +512,12 @@ class CrawlShard:
         listed: list[str] = []
         child_kind = "sitemap" if sm.kind == "sitemapindex" else "page"
         for loc in sm.locs:
-            canon = self.router.canonical(loc)
+            url = resolve(None, loc)  # a <loc> is an absolute URL (sitemaps.org)
+            canon = self.router.canonical(url) if url else None
             if canon is None:
                 continue
             listed.append(canon)
-            p = self.links.plan(loc, canon, 0, entry.url, kind=child_kind)
+            p = self.links.plan(url, canon, 0, entry.url, kind=child_kind)
             if p is not None:
                 pushes.append(p)
         if sm.error:

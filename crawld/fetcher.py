@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from urllib.parse import urljoin
 
 import gevent
 import requests
@@ -27,6 +26,7 @@ from requests.exceptions import TooManyRedirects
 from .config import CrawlConfig
 from .errors import exception_chain
 from .netpolicy import AddressPolicy, BlockedAddress, guard_session, is_blocked_address
+from .urls import location_reference, resolve
 
 _CHUNK = 64 * 1024
 
@@ -136,12 +136,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def _location(value: str) -> str:
-    # http.client decodes header bytes as latin-1; servers send UTF-8
-    # (as requests' get_redirect_target undoes too)
-    try:
-        return value.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        return value
+    # http.client decodes header bytes as latin-1: each byte >= 0x80 is
+    # percent-encoded as received (crawld.urls.location_reference), so that
+    # UTF-8 gives what browsers request and other bytes are not re-encoded
+    return location_reference(value)
 
 
 def _send(session: requests.Session, url: str, config: CrawlConfig) -> requests.Response:
@@ -183,7 +181,10 @@ def fetch(session: requests.Session, url: str, config: CrawlConfig, *, allow_red
                 hops += 1
                 if hops > session.max_redirects:
                     raise TooManyRedirects(f"more than {session.max_redirects} redirects")
-                target = urljoin(target, res.headers["location"])
+                target = resolve(target, res.headers["location"])
+                if target is None:
+                    raise requests.exceptions.InvalidURL(
+                        f"redirect to {res.headers['location'][:200]!r}: not an http(s) URL to fetch")
                 resp.close()
                 resp = None
             cap = max_bytes or config.max_body_bytes
