@@ -181,6 +181,12 @@ def report(name: str, r: dict, verbose: bool) -> None:
           f"(of which {len(r['userinfo'])} with userinfo dropped), "
           f"deliberately different {len(r['deliberate'])}, misses {len(r['misses'])}; "
           f"right canonical URL (condition 2 alone) {r['canonical_right']}")
+    reasons: dict[str, int] = {}
+    for d in r["deliberate"]:
+        reasons[d[0]] = reasons.get(d[0], 0) + 1
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  deliberately different, {why}: {n}")
+    print(f"  right or deliberately different: {r['right'] + len(r['deliberate'])} of {r['success']}")
     print(f"failure entries with an http(s) input: {r['failure']}: rejected {r['rejected']}, "
           f"accepted {len(r['accepted'])}")
     print(f"entries that do not apply (other schemes): {r['skipped']}")

@@ -18,7 +18,10 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
 * ``skipped``   not fetched by the crawl's limits: ``out_of_scope``,
                 ``over_depth``, ``over_budget``, ``too_many_query_variants``,
                 ``url_too_long``, ``path_loop``, ``nofollow``,
-                ``host_parked: ...`` (in ``error``);
+                ``host_parked: ...``, ``invalid_url: ...`` (in ``error``;
+                an http(s) link that cannot become a URL, its row's
+                ``url`` and ``canonical_url`` the href as written,
+                :func:`crawld.urls.link_record`);
 * ``dead_letter`` the URL was given up after ``max_attempts`` claims (its
                 worker kept dying, or it kept failing); ``error`` is the
                 reason and ``fetched_at`` when it was given up.

@@ -77,6 +77,9 @@ _FORBIDDEN_DOMAIN = frozenset("\x00\t\n\r #/:<>?@[\\]^|%\x7f" + "".join(chr(c) f
 # ("ends in a number": digits, or 0x and hex digits)
 _NUMERIC_LABEL = re.compile(r"^(?:[0-9]+|0[xX][0-9A-Fa-f]*)$")
 
+# a "%" that does not start a percent-encoded byte (URL Standard 1.3)
+_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
 Strip = tuple[frozenset[str], tuple[str, ...]]
 _NO_STRIP: Strip = (frozenset(), ())
 
@@ -364,6 +367,25 @@ def location_reference(value: str) -> str:
     return "".join(out)
 
 
+def _escape_stray_percent(url: str) -> str:
+    """``url`` with each "%" of its path that does not start a
+    percent-encoded byte written "%25".
+
+    The WHATWG path state leaves such a "%" as it is; w3lib decodes every
+    escape once and keeps "%" raw, so ``/%3%41`` would become ``/%3A``, a
+    new escape that a second pass decodes again (to ``/:``), and one that
+    names another resource.  Written ``%25`` it means what it meant (a
+    literal "%", RFC 3986 section 2.4) and the canonical form is stable."""
+    start = url.find("/", url.find("//") + 2)
+    if start < 0:
+        return url
+    end = url.find("?", start)
+    end = len(url) if end < 0 else end
+    path = url[start:end]
+    fixed = _STRAY_PERCENT.sub("%25", path)
+    return url if fixed == path else url[:start] + fixed + url[end:]
+
+
 def canonicalize(url: str, strip: Strip = _NO_STRIP) -> str:
     """The canonical form of an absolute http(s) URL.
 
@@ -384,7 +406,12 @@ def canonicalize(url: str, strip: Strip = _NO_STRIP) -> str:
             raise BadURL(why if why == "not an absolute URL" else f"invalid URL: {why}")
         m = _SCHEME.match(_trim(url))
         raise BadURL(f"unsupported scheme {m.group(1).lower()!r}" if m else "not an absolute URL")
-    canon = canonicalize_url(fetch, keep_fragments=False)
+    if "%" in fetch:
+        fetch = _escape_stray_percent(fetch)
+    try:
+        canon = canonicalize_url(fetch, keep_fragments=False)
+    except (ValueError, UnicodeError) as exc:  # not seen on a WHATWG serialisation; kept as a BadURL
+        raise BadURL(f"invalid URL: {exc}") from None
     if (strip[0] or strip[1]) and "?" in canon:
         head, _, query = canon.partition("?")
         query = _strip_query(query, strip)

@@ -73,6 +73,12 @@ CANON = [
     ("http://example.com/café", "http://example.com/caf%C3%A9"),
     ("http://example.com/a b", "http://example.com/a%20b"),
     ("http://example.com/?q=€", "http://example.com/?q=%E2%82%AC"),
+    # a "%" that starts no escape means a literal "%" (RFC 3986 2.4), written
+    # %25, so that decoding cannot make a new escape ("%3%41" is not "%3A")
+    ("http://example.com/50%off", "http://example.com/50%25off"),
+    ("http://example.com/%3%41b", "http://example.com/%253Ab"),
+    ("http://example.com/%%41", "http://example.com/%25A"),
+    ("http://example.com/p?d=50%&e=%3%41", "http://example.com/p?d=50%25&e=%253A"),
     # IDN host -> punycode (UTS #46 mapping: case fold, full-width forms)
     ("http://bücher.de/", "http://xn--bcher-kva.de/"),
     ("http://BÜCHER.de:80", "http://xn--bcher-kva.de/"),
