@@ -126,8 +126,12 @@ def dead_letter_row(crawl_id: str, shard: int, dead: dict[str, Any]) -> dict[str
         p = {}
     url = p.get("u") or f"urn:crawld:unreadable-entry:{dead.get('pkey', '')}"
     canonical = p.get("c") or url
+    try:
+        host = urlsplit(canonical).hostname or ""
+    except ValueError:  # an invalid link's recorded form (invalid_url) need not split: "http://[oops/"
+        host = ""
     return make_row(crawl_id=crawl_id, url=url, canonical_url=canonical, outcome="dead_letter", shard=shard,
                     attempt=int(dead.get("attempts") or 0), depth=int(p.get("d") or 0), referrer=p.get("r"),
-                    host=urlsplit(canonical).hostname or "", fetched_at=float(dead.get("at_us") or 0) / 1e6,
+                    host=host, fetched_at=float(dead.get("at_us") or 0) / 1e6,
                     response_ms=0.0, redirect_chain=p.get("rc") or (),
                     error=str(dead.get("reason") or "") + (f" (while recording: {dead['mode']})" if dead.get("mode") else ""))

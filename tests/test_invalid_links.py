@@ -96,3 +96,15 @@ def test_whatwg_resolution_in_page_links():
                                set(), 0, False)
     assert outlinks == ["http://www.example.com/a", "http://www.example.com/b", "http://127.0.0.1/",
                         "http://www.example.com/c", "http://www.example.com/d"]
+
+
+def test_dead_letter_row_of_an_invalid_link_that_does_not_split():
+    from crawld.rows import dead_letter_row
+
+    # an invalid link's entry dead-lettered while being recorded (its worker
+    # kept dying): the row still comes out, though urlsplit refuses the form
+    record = "http://[oops/"
+    dead = {"payload": Entry(record, record, 2, PAGE).to_payload().decode(), "attempts": 3,
+            "reason": "worker died", "mode": "invalid_url: invalid IPv6 address", "at_us": 1_700_000_000_000_000}
+    row = dead_letter_row("c1", 0, dead)
+    assert (row["url"], row["canonical_url"], row["host"], row["outcome"]) == (record, record, "", "dead_letter")
