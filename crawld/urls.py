@@ -188,7 +188,7 @@ def _dns_problem(host: str) -> str | None:
     section 2.1: letters, digits and hyphens; "_" and "~" are let through,
     as resolvers do).  None when it can."""
     if not host:
-        return "empty host"
+        return "no host"
     if not _HOST.match(host):
         return f"host {_printable(host, 80)!r} has characters no DNS host name has"
     if len(host) <= 63 and ".." not in host and host[0] != "." and host[-1] != ".":
@@ -222,7 +222,7 @@ def _diagnose(text: str) -> str:
             end = i
     hostport = rest[:end].rpartition("@")[2]
     if not hostport:
-        return "empty host"
+        return "no host"
     if hostport[0] == "[":
         close = hostport.find("]")
         if close < 0:
@@ -239,7 +239,7 @@ def _diagnose(text: str) -> str:
         if int(port) > 65535:
             return f"port {int(port)} over 65535"
     if not host:
-        return "empty host"
+        return "no host"
     if _parse(f"http://{host}/", None) is None:
         shown = _printable(host, 80)
         if host[0] == "[":

@@ -499,9 +499,9 @@ INVALID_LINKS = [
     ("http://a!b.example/", "no DNS host name"),
     ("http://{x}.example/", "no DNS host name"),
     ("https://a\ufffdb.com/", "IDNA"),
-    ("http://user@/", "empty host"),
-    ("http://", "empty host"),
-    ("https://:443/", "empty host"),
+    ("http://user@/", "no host"),
+    ("http://", "no host"),
+    ("https://:443/", "no host"),
 ]
 
 
