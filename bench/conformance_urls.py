@@ -80,14 +80,6 @@ def _strip_userinfo(href: str) -> str:
     return href if at < 0 else f"{scheme}://{rest[at + 1:]}"
 
 
-def _host_of(href: str) -> str:
-    rest = href.partition("://")[2]
-    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
-    hostport = rest[:end].rpartition("@")[2]
-    return hostport.rpartition(":")[0] if hostport.rpartition(":")[2].isdigit() and "]" not in \
-        hostport.rpartition(":")[2] else hostport
-
-
 def _deliberate(entry: dict) -> str | None:
     """Why crawld differs from the standard on purpose for a success entry,
     or None."""

@@ -512,10 +512,10 @@ def test_invalid_links_say_why(href, why):
     assert why in reason and "\n" not in reason and reason.isascii() and reason.isprintable()
     assert resolve(WHATWG_BASE, href) is None
     with pytest.raises(BadURL):
-        canonicalize(urljoin_like_absolute(href), STRIP)
+        canonicalize(absolute_form(href), STRIP)
 
 
-def urljoin_like_absolute(href: str) -> str:
+def absolute_form(href: str) -> str:
     """A scheme-relative href made absolute (the BadURL check needs one)."""
     return "http:" + href if href.startswith("//") else href
 
