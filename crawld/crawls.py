@@ -20,7 +20,7 @@ from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router, scope_keys, variant_key
 from .sharding import shard_for
-from .urls import BadURL, canonicalize, fingerprint, without_userinfo
+from .urls import BadURL, canonicalize, fingerprint, resolve, without_userinfo
 
 
 #: seeds (and scope domains) written per Redis call
@@ -253,7 +253,9 @@ def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
             raise BadURL(f"seed {u!r}: not a crawlable URL")
         r = router.route(canon)
         fp = fingerprint(canon)
-        payload = Entry(without_userinfo(u), canon, 0).to_payload()
+        # the seed as it is fetched: the WHATWG serialisation, without
+        # credentials or fragment (crawld.urls.resolve_link)
+        payload = Entry(resolve(None, u) or without_userinfo(u), canon, 0).to_payload()
         by_shard.setdefault(r.shard, []).append(PushItem(fp, r.pkey, r.host, variant_key(canon), "", payload))
     # in batches: one script call runs alone on its Redis
     return sum(frontier.push(s, items[i:i + SEED_BATCH])[0]

@@ -54,7 +54,7 @@ SPILL_REASON = "memory_backpressure"
 BACKPRESSURE_HYSTERESIS = 0.02
 from .scope import Router
 from .sitemaps import parse_sitemap
-from .urls import clean_href, resolve
+from .urls import clean_href, resolve, resolve_link
 from .redisconn import ERRORS as REDIS_ERRORS
 
 
@@ -241,7 +241,7 @@ class CrawlShard:
                 rows.append(make_row(crawl_id=self.crawl_id, url=e.url, canonical_url=e.canonical,
                                      outcome=outcome_of_mode(mode) if mode else "skipped",
                                      error=mode or SPILL_REASON, shard=shard, attempt=0, depth=e.depth,
-                                     referrer=e.referrer, host=self.router.route(e.canonical).host,
+                                     referrer=e.referrer, host=self.links.row_host(e, mode or ""),
                                      fetched_at=now, response_ms=0.0, redirect_chain=e.redirect_chain))
         return rows
 
@@ -377,15 +377,15 @@ class CrawlShard:
         if len(self._rows) + len(self._skip_rows) >= self.commit_batch:
             self.commit_wanted = True
 
-    def _base_row(self, entry: Entry, claim: Claim, fetched_at: float) -> dict:
+    def _base_row(self, entry: Entry, claim: Claim, fetched_at: float, mode: str = "") -> dict:
         return dict(crawl_id=self.config.crawl_id, url=entry.url, canonical_url=entry.canonical,
                     shard=self.shard, attempt=claim.attempts, depth=entry.depth, referrer=entry.referrer,
-                    host=self.router.route(entry.canonical).host, fetched_at=fetched_at, response_ms=0.0,
+                    host=self.links.row_host(entry, mode), fetched_at=fetched_at, response_ms=0.0,
                     redirect_chain=entry.redirect_chain, retry=entry.retry)
 
     def _record(self, entry: Entry, claim: Claim, mode: str, skip: bool = True) -> None:
         """A row for a URL that is not fetched, and why."""
-        row = make_row(outcome=outcome_of_mode(mode), error=mode, **self._base_row(entry, claim, time.time()))
+        row = make_row(outcome=outcome_of_mode(mode), error=mode, **self._base_row(entry, claim, time.time(), mode))
         self._finish(claim, row, skip=skip)
 
     def _visit(self, entry: Entry, claim: Claim) -> None:
@@ -463,9 +463,10 @@ class CrawlShard:
         if cfg.sitemaps and in_scope and pol.state != UNREACHABLE:
             pushes = []
             for sm in [*pol.sitemaps, origin + "/sitemap.xml"]:
-                canon = self.router.canonical(sm)
+                url = resolve(None, sm)  # sitemap URLs are absolute (sitemaps.org)
+                canon = self.router.canonical(url) if url else None
                 if canon is not None:
-                    p = self.links.plan(sm, canon, 0, origin + "/robots.txt", kind="sitemap")
+                    p = self.links.plan(url, canon, 0, origin + "/robots.txt", kind="sitemap")
                     if p is not None:
                         pushes.append(p)
             by_shard: dict[int, list[PushItem]] = defaultdict(list)
@@ -617,11 +618,11 @@ class CrawlShard:
         if location is None:
             location = res.headers["location"]
         common = dict(common, redirect_kind=kind, **fields)
-        target = resolve(base or entry.url, location)
+        target, why = resolve_link(base or entry.url, location)
         canon = self.router.canonical(target) if target else None
         if canon is None:
             what = "Location" if kind == "http" else "meta refresh URL"
-            common["error"] = f"bad_redirect: {what} {location[:200]!r}"
+            common["error"] = f"bad_redirect: {what} {location[:200]!r}" + (f" ({why})" if why else "")
             return make_row(outcome="error", **common), []
         chain = entry.redirect_chain + (entry.url,)
         earlier = {self.router.canonical(u) for u in chain}
@@ -644,11 +645,12 @@ class CrawlShard:
         child_kind = "sitemap" if sm.kind == "sitemapindex" else "page"
         child_depth = entry.depth + 1 if child_kind == "sitemap" else 0
         for loc in sm.locs:
-            canon = self.router.canonical(loc)
+            url = resolve(None, loc)  # a <loc> is an absolute URL (sitemaps.org)
+            canon = self.router.canonical(url) if url else None
             if canon is None:
                 continue
             listed.append(canon)
-            p = self.links.plan(loc, canon, child_depth, entry.url, kind=child_kind)
+            p = self.links.plan(url, canon, child_depth, entry.url, kind=child_kind)
             if p is not None:
                 pushes.append(p)
         if sm.error:

@@ -25,6 +25,7 @@ import urllib3
 from .config import CrawlConfig
 from .errors import exception_chain
 from .netpolicy import AddressPolicy, BlockedAddress, guard_session, is_blocked_address
+from .urls import location_reference
 
 _CHUNK = 64 * 1024
 
@@ -139,12 +140,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def _location(value: str) -> str:
-    # http.client decodes header bytes as latin-1; servers send UTF-8
-    # (as requests' get_redirect_target undoes too)
-    try:
-        return value.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        return value
+    # http.client decodes header bytes as latin-1: each byte >= 0x80 is
+    # percent-encoded as received (crawld.urls.location_reference), so that
+    # UTF-8 gives what browsers request and other bytes are not re-encoded
+    return location_reference(value)
 
 
 def _field_lines(resp: requests.Response, name: str) -> list[str]:

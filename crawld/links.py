@@ -17,6 +17,12 @@ otherwise) and no deeper than :data:`crawld.sitemaps.MAX_NESTING` levels
 of sitemap indexes (``sitemap_too_deep`` otherwise); a sitemap entry's
 ``depth`` is its nesting level.
 
+An http(s) link that cannot become a URL (``http://www..example.com/``, a
+bad port, an IPv4 address out of range: :func:`crawld.urls.resolve_link`)
+is recorded too, as ``invalid_url: <why>``, under the printable form of the
+href as written (:func:`crawld.urls.link_record`), on the shard of the page
+that carries it: the same invalid href on many pages is one row.
+
 The page budget and query-variant limit are applied by the push script.
 """
 
@@ -30,11 +36,15 @@ from .config import CrawlConfig
 from .frontier import Entry, PushItem
 from .scope import Router, trap_reason, variant_key
 from .sitemaps import MAX_NESTING
-from .urls import fingerprint, resolve
+from .urls import fingerprint, link_record, resolve_link
 
 #: (shard, local dedup key, item)
 Push = tuple[int, bytes, PushItem]
 
+
+#: the mode (and row ``error``) of a link that cannot become a URL is this,
+#: then ": " and why
+INVALID_URL = "invalid_url"
 
 #: robots directives that carry a value after a colon (Google Search
 #: Central, "Robots meta tag, data-nosnippet, and X-Robots-Tag
@@ -171,18 +181,55 @@ class LinkPlanner:
             return "sitemap_too_deep"
         return ""
 
+    def plan_invalid(self, record: str, why: str, depth: int, referrer: str, page_canonical: str) -> Push | None:
+        """The push recording an invalid link (see the module docstring):
+        ``record`` is its :func:`~crawld.urls.link_record` form, ``why`` the
+        reason, ``page_canonical`` the canonical URL of the page carrying it,
+        whose route (shard, politeness key, host) it takes.  None if this
+        worker pushed it already."""
+        fp = fingerprint(record)
+        key = fp + b"s"
+        if key in self.pushed:
+            self.local_dups += 1
+            return None
+        r = self.router.route(page_canonical)
+        payload = Entry(record, record, depth, referrer).to_payload()
+        return r.shard, key, PushItem(fp, r.pkey, r.host, "", f"{INVALID_URL}: {why}", payload)
+
+    def row_host(self, entry: Entry, mode: str) -> str:
+        """The ``host`` of the row of ``entry`` recorded with ``mode``: its
+        URL's, or for an invalid link (not a URL) the host of the page that
+        carries it."""
+        if mode.startswith(INVALID_URL):
+            page = self.router.canonical(entry.referrer) if entry.referrer else None
+            return self.router.route(page).host if page else ""
+        return self.router.route(entry.canonical).host
+
     def page_links(self, page_url: str, base: str, hrefs: list[str], nofollow_hrefs: set[str],
                    depth: int, nofollow_all: bool) -> tuple[list[str], list[Push]]:
         """``(outlinks, pushes)`` for the links of a fetched page at
-        ``depth``: outlinks are the canonical URLs, in order, once each."""
+        ``depth``: outlinks are the canonical URLs, in order, once each
+        (an invalid link: its recorded form)."""
         router = self.router
         honour = self.config.honour_nofollow
         outlinks: list[str] = []
         pushes: list[Push] = []
         seen_here: set[str] = set()
         for href in hrefs:
-            absolute = resolve(base, href)
+            absolute, why = resolve_link(base, href)
             if absolute is None:
+                if why is None:
+                    continue  # not a link: fragment-only, mailto:, javascript: ...
+                record = link_record(href)
+                if record in seen_here:
+                    continue
+                seen_here.add(record)
+                outlinks.append(record)
+                page = router.canonical(page_url)
+                if page is not None:
+                    p = self.plan_invalid(record, why, depth + 1, page_url, page)
+                    if p is not None:
+                        pushes.append(p)
                 continue
             canon = router.canonical(absolute)
             if canon is None or canon in seen_here:

@@ -33,7 +33,10 @@ integer Unix milliseconds); ``crawlctl merge`` reads them with
 * ``skipped``   not fetched by the crawl's limits: ``out_of_scope``,
                 ``over_depth``, ``over_budget``, ``too_many_query_variants``,
                 ``url_too_long``, ``path_loop``, ``nofollow``,
-                ``sitemap_too_deep``, ``host_parked: ...`` (in ``error``);
+                ``sitemap_too_deep``, ``host_parked: ...``, ``invalid_url: ...``
+                (in ``error``; an http(s) link that cannot become a URL, its
+                row's ``url`` and ``canonical_url`` the href as written,
+                :func:`crawld.urls.link_record`);
 * ``dead_letter`` the URL was given up after ``max_attempts`` claims (its
                 worker kept dying, or it kept failing); ``error`` is the
                 reason and ``fetched_at`` when it was given up.
@@ -154,8 +157,12 @@ def dead_letter_row(crawl_id: str, shard: int, dead: dict[str, Any]) -> dict[str
         p = {}
     url = p.get("u") or f"urn:crawld:unreadable-entry:{dead.get('pkey', '')}"
     canonical = p.get("c") or url
+    try:
+        host = urlsplit(canonical).hostname or ""
+    except ValueError:  # an invalid link's recorded form (invalid_url) need not split: "http://[oops/"
+        host = ""
     return make_row(crawl_id=crawl_id, url=url, canonical_url=canonical, outcome="dead_letter", shard=shard,
                     attempt=int(dead.get("attempts") or 0), depth=int(p.get("d") or 0), referrer=p.get("r"),
-                    host=urlsplit(canonical).hostname or "", fetched_at=float(dead.get("at_us") or 0) / 1e6,
+                    host=host, fetched_at=float(dead.get("at_us") or 0) / 1e6,
                     response_ms=0.0, redirect_chain=p.get("rc") or (), retry=int(p.get("rg") or 0),
                     error=str(dead.get("reason") or "") + (f" (while recording: {dead['mode']})" if dead.get("mode") else ""))

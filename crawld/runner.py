@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pyarrow.parquet as pq
-import redis
 
 from . import logs
 from .config import CrawlConfig

@@ -23,7 +23,6 @@ import json
 import mimetypes
 import os
 import random
-import socketserver
 import sys
 import threading
 import time

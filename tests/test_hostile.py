@@ -316,6 +316,42 @@ case("idn-target", f"http://{IDN}/idn-page",
      "the IDN host is fetched as punycode: host and canonical_url xn--, the server saw xn--",
      routes={(IDN, "/idn-page"): child_page("idn")},
      link=None, outcome="fetched", status=200, host=IDN, requests=1)
+# WHATWG URL Standard: what a browser would request
+_INVALID = "http://www..hostile-main.com/x"
+case("invalid-url-empty-label", _INVALID,
+     "an http link whose host has an empty label, on two pages: one row skipped invalid_url (empty label), "
+     "on the pages' host, in both pages' outlinks, never requested",
+     routes={(MAIN, "/links/invalid-a"): page("invalid a", [_INVALID + "#one", "/links/invalid-b"]),
+             (MAIN, "/links/invalid-b"): page("invalid b", [_INVALID])},
+     link="/links/invalid-a", outcome="skipped", error_prefix="invalid_url:", error_contains="empty label",
+     status=None, host=MAIN, depth=2, referrer=f"{M}/links/invalid-a",
+     check=lambda row, c: row["url"] == _INVALID and _INVALID in c.row(f"{M}/links/invalid-a")["outlinks"]
+     and _INVALID in c.row(f"{M}/links/invalid-b")["outlinks"])
+case("invalid-url-port", f"{M}:99999/p",
+     "a link with port 99999: skipped invalid_url (over 65535), never requested",
+     outcome="skipped", error_prefix="invalid_url:", error_contains="65535", host=MAIN, referrer=f"{M}/")
+case("invalid-url-ipv4", "http://0xffffffff1/",
+     "a link to http://0xffffffff1/ (an IPv4 number out of range): skipped invalid_url (invalid IPv4 address)",
+     outcome="skipped", error_prefix="invalid_url:", error_contains="IPv4", host=MAIN)
+case("ssrf-hex-loopback-link", "http://127.0.0.1/hex-loopback",
+     "a link to http://0x7f000001/... is 127.0.0.1: blocked address_blocked (loopback), never requested",
+     link="http://0x7f000001/hex-loopback", outcome="blocked", error_prefix="address_blocked:",
+     error_contains="loopback", host="127.0.0.1")
+case("uts46-link", f"http://{PEER}/uts46-page",
+     "a link to a host with full-width letters, a zero-width space and an ideographic full stop: fetched at "
+     "the mapped host (UTS #46), url and host ASCII",
+     routes={(PEER, "/uts46-page"): child_page("uts46")},
+     link="http://ｌａｎｄ\u200bing\u3002hostile-peer.org/uts46-page", outcome="fetched", status=200, host=PEER,
+     requests=1, check=lambda row, c: row["url"] == f"http://{PEER}/uts46-page")
+case("trailing-dot-host", f"http://{PEER}/trailing-dot",
+     "links to landing.hostile-peer.org./trailing-dot and to it without the dot: one outlink, one row, "
+     "one request, to the host without the dot",
+     routes={(MAIN, "/links/trailing-dot"): page("dot", [f"http://{PEER}./trailing-dot", f"http://{PEER}/trailing-dot"]),
+             (PEER, "/trailing-dot"): child_page("dot")},
+     link="/links/trailing-dot", outcome="fetched", status=200, host=PEER, requests=1,
+     check=lambda row, c: row["url"] == f"http://{PEER}/trailing-dot"
+     and c.row(f"{M}/links/trailing-dot")["outlinks"] == [f"http://{PEER}/trailing-dot"]
+     and not c.srv.saw(PEER + ".", "/trailing-dot"))
 case("nofollow-rel", f"{M}/nf/rel-child",
      "rel=nofollow link: row skipped/nofollow, never requested (its rel-less sibling is fetched)",
      routes={(MAIN, "/nf/rel"): respond(200, '<html><head><title>rel</title></head><body>'
@@ -520,6 +556,14 @@ case("redirect-utf8-location", f"{M}/r/caf%C3%A9-landing",
                                               b"Content-Length: 0\r\nConnection: close\r\n\r\n"),
              (MAIN, "/r/caf%C3%A9-landing"): child_page("café")},
      link="/r/utf8-location", outcome="fetched", status=200, redirect_chain=[f"{M}/r/utf8-location"])
+case("redirect-latin1-location", f"{M}/r/caf%E9-landing",
+     "a Location byte that is not UTF-8 (/r/caf\\xE9-landing) is percent-encoded as received: /r/caf%E9-landing fetched",
+     routes={(MAIN, "/r/latin1-location"): raw(b"HTTP/1.1 302 Found\r\nLocation: /r/caf\xe9-landing\r\n"
+                                                b"Content-Length: 0\r\nConnection: close\r\n\r\n"),
+             (MAIN, "/r/caf%E9-landing"): child_page("latin-1")},
+     link="/r/latin1-location", outcome="fetched", status=200, redirect_chain=[f"{M}/r/latin1-location"],
+     requests=1, check=lambda row, c: row["url"] == f"{M}/r/caf%E9-landing"
+     and c.row(f"{M}/r/latin1-location")["final_url"] == f"{M}/r/caf%E9-landing")
 case("redirect-ftp", f"{M}/r/ftp",
      "a redirect to ftp: is not followed: error bad_redirect",
      routes={(MAIN, "/r/ftp"): redirect("ftp://ftp.hostile-main.com/pub/file.txt")},

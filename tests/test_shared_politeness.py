@@ -149,7 +149,7 @@ def test_a_crawl_routing_a_shared_domain_elsewhere_is_refused_until_the_other_is
     other = CrawlConfig.from_dict({"crawl_id": "second", "seeds": seeds, "num_shards": n})
     with pytest.raises(SharedDomainConflict) as err:
         create_crawl(rds, other, seeds)
-    assert "crawl first" in str(err.value) and f"--shards 4" in str(err.value)
+    assert "crawl first" in str(err.value) and "--shards 4" in str(err.value)
     assert not rds.exists(keys.crawl_config("second"))
     # the same routing is fine
     create_crawl(rds, CrawlConfig.from_dict({"crawl_id": "third", "seeds": seeds, "num_shards": 4}), seeds)

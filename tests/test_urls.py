@@ -15,7 +15,8 @@ import pytest
 
 from crawld.config import DEFAULT_STRIP_PARAMS
 from crawld.sharding import politeness_key
-from crawld.urls import BadURL, canonicalize, compile_strip, fingerprint, resolve, url_host
+from crawld.urls import (BadURL, canonicalize, compile_strip, fingerprint, link_record, location_reference, resolve,
+                         resolve_link, url_host)
 
 STRIP = compile_strip(DEFAULT_STRIP_PARAMS)
 
@@ -72,6 +73,12 @@ CANON = [
     ("http://example.com/café", "http://example.com/caf%C3%A9"),
     ("http://example.com/a b", "http://example.com/a%20b"),
     ("http://example.com/?q=€", "http://example.com/?q=%E2%82%AC"),
+    # a "%" that starts no escape means a literal "%" (RFC 3986 2.4), written
+    # %25, so that decoding cannot make a new escape ("%3%41" is not "%3A")
+    ("http://example.com/50%off", "http://example.com/50%25off"),
+    ("http://example.com/%3%41b", "http://example.com/%253Ab"),
+    ("http://example.com/%%41", "http://example.com/%25A"),
+    ("http://example.com/p?d=50%&e=%3%41", "http://example.com/p?d=50%25&e=%253A"),
     # IDN host -> punycode (UTS #46 mapping: case fold, full-width forms)
     ("http://bücher.de/", "http://xn--bcher-kva.de/"),
     ("http://BÜCHER.de:80", "http://xn--bcher-kva.de/"),
@@ -96,9 +103,10 @@ CANON = [
     # whitespace a browser ignores
     ("  http://example.com/\n", "http://example.com/"),
     ("http://exa\tmple.com/pa\nth", "http://example.com/path"),
-    # trailing-dot FQDN: kept, as the WHATWG URL Standard and browsers keep it
-    # (it is a distinct origin); both forms share a politeness key (see below)
-    ("http://example.com./", "http://example.com./"),
+    # trailing-dot FQDN: the WHATWG URL Standard keeps the dot (a distinct
+    # origin to a browser), but it names the same site: crawld drops it, so
+    # both forms are one canonical URL, origin and politeness key (below)
+    ("http://example.com./", "http://example.com/"),
 ]
 
 
@@ -145,7 +153,6 @@ BAD = [
     "",
     "   ",
     "http://",
-    "http:///x",
     "https://",
     "http://:80/",
     "http://user@/",
@@ -236,7 +243,8 @@ RESOLVE = [
     # absolute http(s) URLs: fragment dropped, otherwise as given
     ("http://x.org/a#b", "http://x.org/a"),
     ("https://x.org/", "https://x.org/"),
-    ("HTTPS://X.org/p", "https://X.org/p"),
+    # the WHATWG serialisation lower-cases the scheme and the host
+    ("HTTPS://X.org/p", "https://x.org/p"),
 ]
 
 
@@ -294,3 +302,253 @@ def test_equivalent_urls_share_a_fingerprint():
     a = canonicalize("HTTP://Example.com:80/a/./b?y=2&x=1&utm_source=z#frag", STRIP)
     b = canonicalize("http://example.com/a/b?x=1&y=2", STRIP)
     assert fingerprint(a) == fingerprint(b)
+
+
+# WHATWG URL Standard (https://url.spec.whatwg.org/) ----------------------------
+# Links are resolved as browsers resolve them, by the standard's basic URL
+# parser; the cases below are where an RFC 3986 resolver (urljoin) differs.
+
+WHATWG_BASE = "http://example.org/dir/page.html"
+
+WHATWG_RESOLVE = [
+    # special-authority-ignore-slashes state: any run of slashes and
+    # backslashes after the scheme (or instead of it) starts the authority
+    ("///test", "http://test/"),
+    ("////test/x", "http://test/x"),
+    ("/\\/\\//x", "http://x/"),
+    ("\\\\server\\share\\f", "http://server/share/f"),
+    ("/\\other.example/a", "http://other.example/a"),
+    ("http:///x", "http://x/"),
+    ("http:\\\\www.example.com\\foo", "http://www.example.com/foo"),
+    ("https:/example.com/a", "https://example.com/a"),  # another scheme: its authority follows
+    ("https:example.com/a", "https://example.com/a"),
+    ("http:sibling.html", "http://example.org/dir/sibling.html"),  # the base's scheme: a relative path
+    # backslashes are slashes in paths too
+    ("a\\b\\c", "http://example.org/dir/a/b/c"),
+    # tabs and newlines anywhere, C0 controls and spaces at the ends, vanish
+    ("ht\ttp://exa\nmple.net/p\ra\tth", "http://example.net/path"),
+    ("\x00\x1f /x \x7f", "http://example.org/x%20%7F"),
+    # dot segments, also percent-encoded ones (single- and double-dot path segment)
+    ("a/%2e%2E/b", "http://example.org/dir/b"),
+    ("../../../../x", "http://example.org/x"),
+    ("./.", "http://example.org/dir/"),
+    # percent-encode sets: path, query (special), userinfo dropped
+    ("/a b/c\"d<e>f", "http://example.org/a%20b/c%22d%3Ce%3Ef"),
+    ("/caf\u00e9?q=\u00e9 '", "http://example.org/caf%C3%A9?q=%C3%A9%20%27"),
+    ("/{x}^`", "http://example.org/%7Bx%7D%5E%60"),
+    ("/%7Euser/%zz", "http://example.org/%7Euser/%zz"),  # existing escapes are left alone
+    # host and port
+    ("HTTP://EXAMPLE.Net:80/", "http://example.net/"),
+    ("http://example.net:0080", "http://example.net/"),
+    ("https://example.net:443?x", "https://example.net/?x"),
+    ("http://ex%41mple.net/", "http://example.net/"),  # the host is percent-decoded first
+    ("http://[2001:DB8:0:0::1]:8080/", "http://[2001:db8::1]:8080/"),
+    ("http://[::127.0.0.1]/", "http://[::7f00:1]/"),
+]
+
+
+@pytest.mark.parametrize("href, expected", WHATWG_RESOLVE, ids=[repr(r[0]) for r in WHATWG_RESOLVE])
+def test_resolve_follows_whatwg(href, expected):
+    assert resolve(WHATWG_BASE, href) == expected
+    assert resolve_link(WHATWG_BASE, href) == (expected, None)
+    # what is fetched is printable ASCII, and canonicalises without error
+    assert expected.isascii() and expected.isprintable() and " " not in expected
+    canonicalize(expected, STRIP)
+
+
+# IPv4 in hex, octal, or fewer than four parts (IPv4 parser, section 3.5):
+# dotted decimal in the URL fetched, in the canonical URL, and so in the host
+# the address policy, the politeness key and the fingerprint see
+IPV4_FORMS = [
+    ("http://0x7f000001/", "http://127.0.0.1/"),
+    ("http://0x.0x.0x.0x/", "http://0.0.0.0/"),
+    ("http://192.0x00A80001/", "http://192.168.0.1/"),
+    ("http://0300.0250.0.01/x", "http://192.168.0.1/x"),
+    ("http://127.1/", "http://127.0.0.1/"),
+    ("http://2130706433/", "http://127.0.0.1/"),
+    ("http://2852039166/latest/", "http://169.254.169.254/latest/"),
+    ("http://0x7F.1:8080/", "http://127.0.0.1:8080/"),
+    ("http://１２７.０.０.１/", "http://127.0.0.1/"),  # full-width digits map to ASCII first
+]
+
+
+@pytest.mark.parametrize("url, dotted", IPV4_FORMS, ids=[c[0] for c in IPV4_FORMS])
+def test_ipv4_forms_become_dotted_decimal(url, dotted):
+    assert resolve(WHATWG_BASE, url) == dotted
+    assert canonicalize(url, STRIP) == dotted
+    assert fingerprint(canonicalize(url, STRIP)) == fingerprint(canonicalize(dotted, STRIP))
+    assert politeness_key(url_host(canonicalize(url))) == politeness_key(url_host(dotted))
+
+
+def test_hex_loopback_is_refused_by_the_address_policy():
+    from crawld.config import CrawlConfig
+    from crawld.netpolicy import AddressPolicy
+    from crawld.scope import Router
+
+    # the worker checks the host of the canonical URL, as routed
+    router = Router(CrawlConfig(crawl_id="c1", seeds=("http://www.example.com/",)))
+    route = router.route(router.canonical(resolve(WHATWG_BASE, "http://0x7f000001/admin")))
+    assert route.host == "127.0.0.1" and route.pkey == "127.0.0.1"
+    assert "loopback" in AddressPolicy(allow_loopback=False).check_host(route.host)
+    assert AddressPolicy(allow_loopback=True).check_host(route.host) is None
+    meta = router.route(router.canonical("http://0xA9FEA9FE/latest/meta-data/"))
+    assert meta.host == "169.254.169.254" and AddressPolicy(allow_loopback=True).check_host(meta.host)
+
+
+# A host name's trailing dot (the DNS root) names the same site: one
+# canonical URL and fingerprint, one origin, one politeness key; the URL
+# fetched drops it too
+TRAILING_DOT = [
+    ("http://www.example.com./page", "http://www.example.com/page"),
+    ("https://www.example.com.:8443/a?b", "https://www.example.com:8443/a?b"),
+    ("http://u:p@www.example.com./", "http://www.example.com/"),
+    ("http://1.2.3.4./", "http://1.2.3.4/"),  # an IPv4 address (the standard drops this dot itself)
+    ("http://xn--bcher-kva.de./", "http://xn--bcher-kva.de/"),
+]
+
+
+@pytest.mark.parametrize("url, plain", TRAILING_DOT, ids=[c[0] for c in TRAILING_DOT])
+def test_trailing_dot_host_is_the_same_site(url, plain):
+    from crawld.links import origin_of
+
+    assert resolve(WHATWG_BASE, url) == plain
+    a, b = canonicalize(url, STRIP), canonicalize(plain, STRIP)
+    assert a == b
+    assert fingerprint(a) == fingerprint(b)
+    assert origin_of(a) == origin_of(b)
+    assert politeness_key(url_host(a)) == politeness_key(url_host(b))
+
+
+# UTS #46 (nontransitional, as the standard's domain to ASCII runs it):
+# the URL fetched carries the mapped, punycode host
+UTS46_HOSTS = [
+    ("http://ＥＸＡＭＰＬＥ．com/a", "http://example.com/a"),  # full-width letters and full stop
+    ("http://example\u3002com/", "http://example.com/"),  # ideographic full stop
+    ("http://www\uff61example\uff0ecom/", "http://www.example.com/"),  # halfwidth ideographic full stop
+    ("http://exa\u200bmple.com/", "http://example.com/"),  # zero-width space: ignored
+    ("http://\u00adexam\u00adple.com/", "http://example.com/"),  # soft hyphens: ignored
+    ("http://ex\ufeffample.com/", "http://example.com/"),  # zero-width no-break space: ignored
+    ("http://bu\u0308cher.de/", "http://xn--bcher-kva.de/"),  # NFC: u + combining diaeresis
+    ("http://BÜCHER.de/", "http://xn--bcher-kva.de/"),
+    ("http://faß.de/", "http://xn--fa-hia.de/"),  # nontransitional: ß kept
+    ("http://%E2%98%83.net/", "http://xn--n3h.net/"),  # percent-encoded UTF-8, decoded first
+]
+
+
+@pytest.mark.parametrize("url, mapped", UTS46_HOSTS, ids=[c[0] for c in UTS46_HOSTS])
+def test_uts46_hosts_are_fetched_mapped(url, mapped):
+    import requests
+
+    fetched = resolve(WHATWG_BASE, url)
+    assert fetched == mapped
+    assert canonicalize(url, STRIP) == canonicalize(fetched, STRIP)
+    # what the worker sends is a URL its HTTP client takes as it is
+    assert requests.Request("GET", fetched).prepare().url == mapped
+
+
+# Location header values: http.client hands them over decoded as latin-1
+# (one code point per byte); every byte >= 0x80 is percent-encoded as
+# received, so UTF-8 gives what browsers request and other bytes stay
+LOCATIONS = [
+    ("/caf\xe9/", "/caf%E9/", "http://example.org/caf%E9/"),
+    ("/caf\xc3\xa9/", "/caf%C3%A9/", "http://example.org/caf%C3%A9/"),
+    ("/plain?q=1", "/plain?q=1", "http://example.org/plain?q=1"),
+    ("/a b?\xff", "/a b?%FF", "http://example.org/a%20b?%FF"),
+    ("http://b\xc3\xbccher.de/x", "http://b%C3%BCcher.de/x", "http://xn--bcher-kva.de/x"),
+    ("/\u20ac", "/%E2%82%AC", "http://example.org/%E2%82%AC"),  # not from a header: UTF-8
+]
+
+
+@pytest.mark.parametrize("raw, reference, fetched", LOCATIONS, ids=[repr(c[0]) for c in LOCATIONS])
+def test_location_reference(raw, reference, fetched):
+    from crawld.fetcher import _location
+
+    assert location_reference(raw) == reference
+    assert _location(raw) == reference
+    assert resolve("http://example.org/from", location_reference(raw)) == fetched
+
+
+def test_location_with_a_non_utf8_host_byte_is_invalid():
+    # %E9 alone does not decode as UTF-8: U+FFFD, which UTS #46 disallows
+    url, why = resolve_link("http://example.org/", location_reference("http://caf\xe9.example/"))
+    assert url is None and why and "IDNA" in why
+
+
+# Links that cannot become URLs: (None, why) for an http(s) link, one line
+INVALID_LINKS = [
+    ("http://www..example.com/", "empty label"),
+    ("//www..example.com/x", "empty label"),
+    ("http://." + "a" * 63 + ".com/", "empty label"),
+    ("http://" + "a" * 64 + ".example.com/", "over 63 octets"),
+    ("http://" + ".".join(["a" * 60] * 5) + "/", "over 253 octets"),
+    ("http://example.com../", "empty label"),
+    ("http://example.com:99999/", "over 65535"),
+    ("http://example.com:8o/", "invalid port"),
+    ("http://example.com:0/", "port 0"),
+    ("http://0xffffffff1/", "invalid IPv4 address"),
+    ("http://1.2.3.4.5/", "invalid IPv4 address"),
+    ("http://256.256.256.256/", "invalid IPv4 address"),
+    ("http://a.b.c.09/", "invalid IPv4 address"),
+    ("http://[::%31]/", "invalid IPv6 address"),
+    ("http://[::1/", "invalid IPv6 address"),
+    ("http://[1:2:3:4:5:6:7:8:9]/", "invalid IPv6 address"),
+    ("http://exa mple.com/", "forbidden code point"),
+    ("http://ex<ample.com/", "forbidden code point"),
+    ("http://exa%00mple.com/", "forbidden code point"),
+    # the standard lets these through; no DNS host name has them (RFC 1123 2.1)
+    ("http://a!b.example/", "no DNS host name"),
+    ("http://{x}.example/", "no DNS host name"),
+    ("https://a\ufffdb.com/", "IDNA"),
+    ("http://user@/", "no host"),
+    ("http://", "no host"),
+    ("https://:443/", "no host"),
+]
+
+
+@pytest.mark.parametrize("href, why", INVALID_LINKS, ids=[repr(c[0][:60]) for c in INVALID_LINKS])
+def test_invalid_links_say_why(href, why):
+    url, reason = resolve_link(WHATWG_BASE, href)
+    assert url is None and reason, (url, reason)
+    assert why in reason and "\n" not in reason and reason.isascii() and reason.isprintable()
+    assert resolve(WHATWG_BASE, href) is None
+    with pytest.raises(BadURL):
+        canonicalize(absolute_form(href), STRIP)
+
+
+def absolute_form(href: str) -> str:
+    """A scheme-relative href made absolute (the BadURL check needs one)."""
+    return "http:" + href if href.startswith("//") else href
+
+
+NOT_LINKS = ["", "   ", "#", "#top", " \t#x", "mailto:a@example.com", "javascript:void(0)", "java\nscript:x",
+             "data:,x", "tel:+1", "ftp://[bad", "file:///etc/passwd", "view-source:http://x/", "about:blank"]
+
+
+@pytest.mark.parametrize("href", NOT_LINKS, ids=[repr(h) for h in NOT_LINKS])
+def test_not_links(href):
+    assert resolve_link(WHATWG_BASE, href) == (None, None)
+
+
+LINK_RECORDS = [
+    ("http://www..example.com/", "http://www..example.com/"),
+    ("  http://exa mple.com/a b#frag\n", "http://exa%20mple.com/a%20b"),
+    ("http://user:s3cret@www..example.com/x", "http://www..example.com/x"),  # credentials never stored
+    ("//u@bad..host/", "//bad..host/"),
+    ("http://exa\tmple..com/", "http://example..com/"),  # tabs and newlines removed, as the parser does
+    ("http://caf\u00e9..fr/\u00e9", "http://caf%C3%A9..fr/%C3%A9"),
+    ("http://a\x00b/", "http://a%00b/"),
+    ("http://x@y@z:99999/", "http://z:99999/"),
+]
+
+
+@pytest.mark.parametrize("href, record", LINK_RECORDS, ids=[repr(c[0]) for c in LINK_RECORDS])
+def test_link_record_is_printable_ascii(href, record):
+    got = link_record(href)
+    assert got == record
+    assert got.isascii() and got.isprintable() and " " not in got
+
+
+def test_resolve_without_base_takes_absolute_urls_only():
+    assert resolve(None, "HTTP://Example.com/a#b") == "http://example.com/a"
+    assert resolve_link(None, "/relative") == (None, "not an absolute URL")
+    assert resolve_link(None, "mailto:x@example.com") == (None, None)
