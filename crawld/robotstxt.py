@@ -30,19 +30,23 @@ What follows the RFC, section by section:
   percent-encoded form (:func:`normalize_octets`).
 * 2.2.3: ``*`` matches any sequence of characters, ``$`` at the end of a
   pattern anchors it to the end of the target.
-* 2.4, 2.5: a body cut at the parsing limit is parsed up to its last
-  complete line (``truncated=True``).
+* 2.5: a body cut at the parsing limit is parsed up to its last complete
+  line (``truncated=True``).
+
+``Crawl-delay`` and ``Request-rate`` are no part of RFC 9309; they are read
+as records of their group (the longer interval of the groups that bind the
+crawler applies) and, like ``Sitemap``, never end a group.
 
 Leniencies of Google's parser (github.com/google/robotstxt ``robots.cc``)
 that site owners test their files against, and that RFC 9309 2.2.4 allows
-("crawlers MAY be lenient"): a leading UTF-8 byte-order mark is skipped;
-keys are recognised by their prefix, with the common misspellings of
-``Disallow`` (``dissallow``, ``disalow`` ...) and ``useragent`` /
-``user agent``; a line ``key value`` without a colon is read when it has
-exactly two words; ``User-agent: * anything`` is the ``*`` group.
-Google's other extensions are left out on purpose, since they allow what
-the file does not: ``Allow: /d/index.html`` also allowing ``/d/``, and
-lines cut at 16,664 bytes.
+("crawlers MAY be lenient"): a leading UTF-8 byte-order mark is skipped,
+whole or cut short; keys are recognised by their prefix, with the common
+misspellings of ``Disallow`` (``dissallow``, ``disalow`` ...) and
+``useragent`` / ``user agent``; a line ``key value`` without a colon is
+read when it has exactly two words; ``User-agent: * anything`` is the
+``*`` group.  Google's other extensions are left out on purpose, since
+they allow what the file does not: ``Allow: /d/index.html`` also allowing
+``/d/``, and lines cut at 16,664 bytes.
 """
 
 from __future__ import annotations
@@ -382,7 +386,9 @@ def parse(text: str, truncated: bool = False) -> RobotsTxt:
     line apply.  Never raises: a line that is not a record is skipped, and
     a garbage file is an empty rule set.
     """
-    if text.startswith("\ufeff"):
+    if text[:1] in ("\ufeff", "\ufffd"):
+        # a UTF-8 byte-order mark, or (decoded as U+FFFD) the first one or
+        # two bytes of one, as Google's parser skips them
         text = text[1:]
     lines = _LINE_END.split(text)
     if truncated:

@@ -31,6 +31,10 @@ def test_byte_order_mark_does_not_hide_the_first_line():
     body = b"\xef\xbb\xbfUser-agent: *\nDisallow: /\n".decode("utf-8", errors="replace")
     assert body.startswith("\ufeff")
     assert not policy(body).allowed("http://x.com/page")
+    # the first one or two bytes of one (Google's parser skips them too)
+    for start in (b"\xef\xbb", b"\xef"):
+        cut = (start + b"User-agent: *\nDisallow: /\n").decode("utf-8", errors="replace")
+        assert not policy(cut).allowed("http://x.com/page")
     # a byte-order mark elsewhere is no line break and no whitespace
     assert policy("User-agent: *\nDisallow: /a\n\ufeffDisallow: /b\n").allowed("http://x.com/b")
 
