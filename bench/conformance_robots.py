@@ -112,8 +112,8 @@ class ProtegoNormalised:
 
     _OTHER = "0"  # a name no product token can contain, so it binds no one
 
-    def __init__(self, body: str, agent: str, truncated: bool = False):
-        parsed = robotstxt.parse(body, truncated=truncated)
+    def __init__(self, body: str, agent: str, cut: bool = False):
+        parsed = robotstxt.parse(body, cut=cut)
         token = agent.strip().lower()
         out: list[str] = []
         for g in parsed.groups:

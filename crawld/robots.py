@@ -69,9 +69,9 @@ def agent_token(user_agent: str) -> str:
 class RobotsRecord:
     """What is cached for an origin: the fetch's time (Unix s), status,
     body (cut at :data:`MAX_ROBOTS_BYTES`), error, failures in a row, and
-    ``truncated``: the body was cut (at the size cap, or by a connection
-    that broke off), so its last line is incomplete.  JSON without ``c``
-    (written before the flag existed) loads as not truncated."""
+    ``cut``: the body was cut (at the size cap, or by a connection that
+    broke off), so its last line is incomplete.  JSON without ``c``
+    (written before the flag existed) loads as not cut."""
 
     fetched_at: float
     status: int | None
@@ -79,12 +79,12 @@ class RobotsRecord:
     error: str | None = None
     error_kind: str | None = None
     failures: int = 0
-    truncated: bool = False
+    cut: bool = False
 
     def to_json(self) -> str:
         d = {"v": 1, "t": self.fetched_at, "s": self.status, "b": self.body, "e": self.error,
              "k": self.error_kind, "n": self.failures}
-        if self.truncated:
+        if self.cut:
             d["c"] = True
         return json.dumps(d, separators=(",", ":"))
 
@@ -118,17 +118,17 @@ class RobotsPolicy:
     def __post_init__(self) -> None:
         self.state = classify(self.record.status, self.record.error_kind)
         if self.state == RULES:
-            parsed = robotstxt.parse(self.record.body, truncated=self.record.truncated)
+            parsed = robotstxt.parse(self.record.body, cut=self.record.cut)
             self._rules = parsed.rules_for(self.agent)
             delay = self._rules.crawl_delay_s
             self.crawl_delay_s = float(delay) if delay else None
             self.sitemaps = list(parsed.sitemaps)
 
     @property
-    def truncated(self) -> bool:
+    def cut(self) -> bool:
         """Was the robots.txt body cut (see :class:`RobotsRecord`)?  Its
         rules are then those up to its last complete line."""
-        return self.record.truncated
+        return self.record.cut
 
     def allowed(self, url: str) -> bool:
         """May ``url`` be fetched?  (False while the origin is unreachable.)
@@ -153,9 +153,8 @@ class RobotsPolicy:
 class RobotsCache:
     """robots.txt of the origins of one shard, for one worker.
 
-    ``fetch_body(url) -> (status, body, error, error_kind[, truncated])``
-    performs the HTTP request (following up to 5 redirects, body cut at
-    500 KiB; ``truncated`` True when the body was cut);
+    ``fetch_body(url) -> (status, body, error, error_kind)`` performs the
+    HTTP request (following up to 5 redirects, body cut at 500 KiB);
     ``robots_key`` is the shard's ``robots`` hash.  Raises
     ``redis.RedisError`` when Redis fails.
     """
@@ -222,11 +221,10 @@ class RobotsCache:
                     failures = RobotsRecord.from_json(previous).failures
                 except (ValueError, KeyError, TypeError):
                     failures = 0
-            status, body, error, kind, *cut = self._fetch_body(origin + "/robots.txt")
+            status, body, error, kind = self._fetch_body(origin + "/robots.txt")
             state = classify(status, kind)
             rec = RobotsRecord(time.time(), status, body if state == RULES else "", error, kind,
-                               failures + 1 if state == UNREACHABLE else 0,
-                               truncated=state == RULES and bool(cut and cut[0]))
+                               failures + 1 if state == UNREACHABLE else 0)
             self.client.hset(self.key, origin, rec.to_json())
             pol = RobotsPolicy(rec, self.agent)
             self._remember(origin, pol)

@@ -31,7 +31,7 @@ What follows the RFC, section by section:
 * 2.2.3: ``*`` matches any sequence of characters, ``$`` at the end of a
   pattern anchors it to the end of the target.
 * 2.5: a body cut at the parsing limit is parsed up to its last complete
-  line (``truncated=True``).
+  line (``cut=True``).
 
 ``Crawl-delay`` and ``Request-rate`` are no part of RFC 9309; they are read
 as records of their group (the longer interval of the groups that bind the
@@ -377,11 +377,11 @@ def _request_interval(value: str) -> float | None:
     return per * _UNIT_S[m.group(3).lower()] / n
 
 
-def parse(text: str, truncated: bool = False) -> RobotsTxt:
+def parse(text: str, cut: bool = False) -> RobotsTxt:
     """Parse a robots.txt body (already decoded to ``str``) into groups
     (RFC 9309 2.1, 2.2) and sitemaps.
 
-    ``truncated``: the body was cut at the parsing limit (2.5), so its last
+    ``cut``: the body was cut at the parsing limit (2.5), so its last
     line is incomplete and is dropped: the rules up to the last complete
     line apply.  Never raises: a line that is not a record is skipped, and
     a garbage file is an empty rule set.
@@ -391,7 +391,7 @@ def parse(text: str, truncated: bool = False) -> RobotsTxt:
         # two bytes of one, as Google's parser skips them
         text = text[1:]
     lines = _LINE_END.split(text)
-    if truncated:
+    if cut:
         lines.pop()
     out = RobotsTxt()
     group: Group | None = None

@@ -1,6 +1,6 @@
 """robots.txt decisions as RFC 9309 says: crawld.robots.RobotsPolicy and the
 pure crawld.robotstxt module (parse, group choice, longest match, the
-request target, cut bodies), and RobotsCache keeping the cut flag."""
+request target, cut bodies)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import time
 import pytest
 
 from crawld import robotstxt
-from crawld.config import CrawlConfig
-from crawld.fetcher import fetch, make_session
-from crawld.robots import MAX_ROBOTS_BYTES, RobotsCache, RobotsPolicy, RobotsRecord, agent_token
-from crawld.sitesrv import SiteServer
+from crawld.robots import RobotsPolicy, RobotsRecord, agent_token
 
 
-def policy(body: str, agent: str = "crawld", truncated: bool = False) -> RobotsPolicy:
+def policy(body: str, agent: str = "crawld", cut: bool = False) -> RobotsPolicy:
     rec = RobotsRecord(time.time(), 200, body)
-    rec.truncated = truncated
+    rec.cut = cut
     return RobotsPolicy(rec, agent)
 
 
@@ -329,52 +326,24 @@ def test_normalize_pattern(raw, norm):
 # --- a body cut at the size cap (RFC 9309 2.5) ------------------------------------------------
 
 def test_record_keeps_the_cut_flag_and_old_records_load():
-    rec = RobotsRecord(1000.0, 200, "User-agent: *\n", truncated=True)
+    rec = RobotsRecord(1000.0, 200, "User-agent: *\n", cut=True)
     back = RobotsRecord.from_json(rec.to_json())
-    assert back == rec and back.truncated
+    assert back == rec and back.cut
     assert json.loads(rec.to_json())["c"] is True
     old = '{"v":1,"t":1000.0,"s":200,"b":"User-agent: *\\nDisallow: /\\n","e":null,"k":null,"n":0}'
     loaded = RobotsRecord.from_json(old)
-    assert loaded.truncated is False and not RobotsPolicy(loaded, "crawld").truncated
-    assert RobotsRecord.from_json(RobotsRecord(1.0, 200, "").to_json()).truncated is False
+    assert loaded.cut is False and not RobotsPolicy(loaded, "crawld").cut
+    assert RobotsRecord.from_json(RobotsRecord(1.0, 200, "").to_json()).cut is False
 
 
 def test_cut_body_is_parsed_up_to_its_last_complete_line():
     # the file went on "Disallow: /private-area" but was cut after "/"
     body = "User-agent: *\nDisallow: /tmp\nDisallow: /"
-    cut = policy(body, truncated=True)
-    assert cut.truncated
+    cut = policy(body, cut=True)
+    assert cut.cut
     assert cut.allowed("http://x.com/page") and not cut.allowed("http://x.com/tmp/1")
     whole = policy(body)
-    assert not whole.truncated and not whole.allowed("http://x.com/page")
+    assert not whole.cut and not whole.allowed("http://x.com/page")
     # cut right after a line end: every line is complete
-    assert not policy("User-agent: *\nDisallow: /\n", truncated=True).allowed("http://x.com/page")
-    assert not policy("User-agent: *\r\nDisallow: /\r", truncated=True).allowed("http://x.com/page")
-
-
-def test_cache_records_a_robots_txt_cut_at_the_cap(rds):
-    host = "www.big-robots.org"
-    body = b"User-agent: *\nDisallow: /tmp\n" + b"# padding\n" * (MAX_ROBOTS_BYTES // 10) + b"Disallow: /private\n"
-    assert len(body) > MAX_ROBOTS_BYTES
-    files = {(host, "/robots.txt"): (200, body, "text/plain"),
-             ("www.small-robots.org", "/robots.txt"): (200, b"User-agent: *\nDisallow: /tmp\n", "text/plain")}
-    cfg = CrawlConfig.from_dict({"crawl_id": "t", "seeds": [f"http://{host}/"]})
-    with SiteServer(("127.0.0.1", 0), files=files) as srv:
-        session = make_session(cfg, 1, proxy=srv.url)
-
-        def fetch_body(url):  # as a worker fetches robots.txt
-            res = fetch(session, url, cfg, allow_redirects=True, max_bytes=MAX_ROBOTS_BYTES)
-            return res.status, res.body.decode("utf-8", errors="replace"), res.error, res.error_kind, res.truncated
-
-        cache = RobotsCache(rds, "robots-test", "crawld", 3600, 60, fetch_body)
-        pol, fetched = cache.fetch(f"http://{host}")
-        small, _ = cache.fetch("http://www.small-robots.org")
-        # a fetch function of four values (no cut flag): not known to be cut
-        cache4 = RobotsCache(rds, "robots-test-4", "crawld", 3600, 60, lambda url: fetch_body(url)[:4])
-        pol4, _ = cache4.fetch(f"http://{host}")
-        session.close()
-    assert fetched and pol.truncated and not small.truncated and not pol4.truncated
-    assert not pol.allowed(f"http://{host}/tmp/x") and pol.allowed(f"http://{host}/private")
-    stored = RobotsRecord.from_json(rds.hget("robots-test", f"http://{host}"))
-    assert stored.truncated and len(stored.body.encode()) == MAX_ROBOTS_BYTES
-    assert cache.cached(f"http://{host}").truncated
+    assert not policy("User-agent: *\nDisallow: /\n", cut=True).allowed("http://x.com/page")
+    assert not policy("User-agent: *\r\nDisallow: /\r", cut=True).allowed("http://x.com/page")
