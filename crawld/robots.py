@@ -3,7 +3,9 @@
 Policy, after RFC 9309 (Robots Exclusion Protocol) section 2.3.1 and what
 the major crawlers do:
 
-* 2xx: the rules apply (parsed by protego); the file is cut at 500 KiB;
+* 2xx: the rules apply (parsed and matched by :mod:`crawld.robotstxt`);
+  the file is cut at 500 KiB, and a cut file is parsed up to its last
+  complete line;
 * 4xx (and more than 5 redirects): "unavailable", everything is allowed;
 * 5xx, time-outs and connection errors: "unreachable", the origin is treated
   as fully disallowed for now; its URLs wait and the file is fetched again
@@ -28,9 +30,11 @@ from typing import Callable
 
 import gevent.event
 import redis
-from protego import Protego
 
-#: robots.txt bodies are cut here (Google's limit: 500 KiB)
+from . import robotstxt
+
+#: robots.txt bodies are cut here: Google's limit, 500 KiB (RFC 9309 2.5
+#: asks crawlers that limit the size to parse at least 500 KiB)
 MAX_ROBOTS_BYTES = 500 * 1024
 
 RULES, ALLOW_ALL, UNREACHABLE = "rules", "allow_all", "unreachable"
@@ -48,15 +52,27 @@ def classify(status: int | None, error_kind: str | None) -> str:
 
 
 def agent_token(user_agent: str) -> str:
-    """The product token robots.txt groups are matched against:
-    ``crawld/0.1 (+https://...)`` -> ``crawld``."""
-    return user_agent.split("/", 1)[0].split()[0] if user_agent.strip() else "*"
+    """The product token robots.txt groups are matched against, from the
+    crawler's User-Agent header value: its first product's name (RFC 9110
+    10.1.5, ``product = token ["/" product-version]``), as in
+    ``crawld/0.1 (+https://...)`` -> ``crawld``; ``*`` for a blank value.
+
+    RFC 9309 2.2.1 lets a product token hold letters, ``_`` and ``-``
+    only: a name with other characters (``bot2``) is returned whole, and
+    no group binds it, since a group's value is cut to those characters
+    (:func:`crawld.robotstxt.product_token`).
+    """
+    words = user_agent.split()
+    return words[0].split("/", 1)[0] or "*" if words else "*"
 
 
 @dataclass
 class RobotsRecord:
     """What is cached for an origin: the fetch's time (Unix s), status,
-    body (cut at :data:`MAX_ROBOTS_BYTES`), error, and failures in a row."""
+    body (cut at :data:`MAX_ROBOTS_BYTES`), error, failures in a row, and
+    ``cut``: the body was cut (at the size cap, or by a connection that
+    broke off), so its last line is incomplete.  JSON without ``c``
+    (written before the flag existed) loads as not cut."""
 
     fetched_at: float
     status: int | None
@@ -64,48 +80,69 @@ class RobotsRecord:
     error: str | None = None
     error_kind: str | None = None
     failures: int = 0
+    cut: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"v": 1, "t": self.fetched_at, "s": self.status, "b": self.body, "e": self.error,
-                           "k": self.error_kind, "n": self.failures}, separators=(",", ":"))
+        d = {"v": 1, "t": self.fetched_at, "s": self.status, "b": self.body, "e": self.error,
+             "k": self.error_kind, "n": self.failures}
+        if self.cut:
+            d["c"] = True
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "RobotsRecord":
         d = json.loads(raw)
-        return cls(float(d["t"]), d.get("s"), d.get("b") or "", d.get("e"), d.get("k"), int(d.get("n") or 0))
+        return cls(float(d["t"]), d.get("s"), d.get("b") or "", d.get("e"), d.get("k"), int(d.get("n") or 0),
+                   bool(d.get("c")))
 
 
 @dataclass
 class RobotsPolicy:
-    """An origin's parsed robots.txt and what follows from it."""
+    """An origin's parsed robots.txt and what follows from it for the
+    crawler whose product token is ``agent`` (see :func:`agent_token`).
+
+    ``state`` is :func:`classify` of the fetch; with rules,
+    ``crawl_delay_s`` is the ``Crawl-delay`` or ``Request-rate`` interval
+    of the groups that bind the crawler (s, the longer of the two; None
+    when neither is given or it is 0) and ``sitemaps`` the file's
+    ``Sitemap`` URLs.  Parsing and matching follow RFC 9309
+    (:mod:`crawld.robotstxt`).
+    """
 
     record: RobotsRecord
     agent: str
     state: str = ""
-    parser: Protego | None = None
     crawl_delay_s: float | None = None
     sitemaps: list[str] = field(default_factory=list)
+    _rules: robotstxt.AgentRules | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.state = classify(self.record.status, self.record.error_kind)
         if self.state == RULES:
-            try:
-                self.parser = Protego.parse(self.record.body)
-            except Exception:  # noqa: BLE001 - a garbage file is an empty rule set
-                self.parser = Protego.parse("")
-            delay = self.parser.crawl_delay(self.agent)
-            rate = self.parser.request_rate(self.agent)
-            if rate is not None and rate.requests:
-                per = rate.seconds / rate.requests
-                delay = max(delay or 0.0, per)
+            parsed = robotstxt.parse(self.record.body, cut=self.record.cut)
+            self._rules = parsed.rules_for(self.agent)
+            delay = self._rules.crawl_delay_s
             self.crawl_delay_s = float(delay) if delay else None
-            self.sitemaps = list(self.parser.sitemaps)
+            self.sitemaps = list(parsed.sitemaps)
+
+    @property
+    def cut(self) -> bool:
+        """Was the robots.txt body cut (see :class:`RobotsRecord`)?  Its
+        rules are then those up to its last complete line."""
+        return self.record.cut
 
     def allowed(self, url: str) -> bool:
-        """May ``url`` be fetched?  (False while the origin is unreachable.)"""
+        """May ``url`` be fetched?  (False while the origin is unreachable.)
+
+        ``url`` is any URL string of the origin (absolute, or a path with
+        its query); it is judged on the request target that will be sent:
+        dot segments removed and percent-encoding normalised
+        (:func:`crawld.robotstxt.request_target`), so
+        ``http://h/a/../admin`` is judged as ``/admin``.
+        """
         if self.state == RULES:
-            assert self.parser is not None
-            return bool(self.parser.can_fetch(url, self.agent))
+            assert self._rules is not None
+            return self._rules.allowed(robotstxt.request_target(url))
         return self.state == ALLOW_ALL
 
     def fresh(self, now: float, ttl_s: float, retry_s: float) -> bool:

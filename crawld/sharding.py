@@ -1,10 +1,19 @@
 """Politeness keys and shard assignment.
 
-A URL's politeness key is its host's registered domain (the label just below
-the public suffix), from tldextract's bundled Public Suffix List snapshot;
-crawld never lets tldextract reach the network.  Hosts with no public suffix
-(IP addresses, ``localhost``, intranet names such as ``wiki.corp``) are their
-own politeness key.
+A URL's politeness key is its host's registered domain (the public suffix
+and the label just below it), from tldextract's bundled Public Suffix List
+snapshot; crawld never lets tldextract reach the network or write a cache
+file.  Hosts with no registered domain (IP addresses, ``localhost``, intranet
+names such as ``wiki.corp``, a public suffix itself) are their own politeness
+key.
+
+The PSL has an ICANN section (``com``, ``co.uk``) and a private one, where
+companies list the domains under which others register their own sites
+(``github.io``, ``blogspot.com``, ``uk.com``).  By default both count
+(``private=True``), as in the PSL's own registrable-domain algorithm and
+the browsers' notion of a site: ``a.github.io`` and ``b.github.io`` are two
+sites of two owners, and seeding one does not put the other in scope.
+``private=False`` reads the ICANN section alone (one ``github.io`` site).
 
 The shard of a politeness key is Jump Consistent Hash (Lamping and Veach,
 "A Fast, Minimal Memory, Consistent Hash Algorithm", 2014, arXiv:1406.2294)
@@ -112,27 +121,75 @@ def shard_for(politeness_key: str, num_shards: int, overrides: Mapping[str, int]
     return shard_of(politeness_key, num_shards)
 
 
-@functools.lru_cache(maxsize=65536)
-def politeness_key(host: str) -> str:
-    """The politeness key of a host name: its registered domain.
+#: the default of ``private`` (see the module docstring)
+PSL_PRIVATE_DEFAULT = True
 
-    ``host`` is a lower-case host as found in a canonical URL (IPv6 literals
-    may keep their brackets).  Examples: ``docs.python.org`` ->
-    ``python.org``; ``a.b.co.uk`` -> ``b.co.uk``; ``127.0.0.1`` ->
-    ``127.0.0.1``; ``[::1]`` -> ``::1``; ``localhost`` -> ``localhost``;
-    ``wiki.corp`` -> ``wiki.corp`` (no public suffix: the host itself).
 
-    Raises:
-        ValueError: for an empty host.
-    """
+def _normal_host(host: str) -> str:
     h = host.strip().rstrip(".").lower()
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
     if not h:
         raise ValueError("empty host")
+    return h
+
+
+def _ip(h: str) -> str | None:
+    if not (h[-1].isdigit() or ":" in h):
+        return None  # neither IPv4 (ends in a digit) nor IPv6: skip the slow parse
     try:
         return str(ipaddress.ip_address(h))
     except ValueError:
-        pass
-    registered = _EXTRACT.extract_str(h).top_domain_under_public_suffix
-    return registered or h
+        return None
+
+
+def _registered(h: str, private: bool) -> str | None:
+    if h.startswith(".") or ".." in h:
+        return None  # an empty label: no host name, no registered domain
+    return _EXTRACT.extract_str(h, include_psl_private_domains=private).top_domain_under_public_suffix or None
+
+
+def registered_domain(host: str, private: bool = PSL_PRIVATE_DEFAULT) -> str | None:
+    """The registered (registrable) domain of a host name by the Public
+    Suffix List (publicsuffix.org "Algorithm"), lower case, or None when it
+    has none: an IP address, a public suffix itself (``co.uk``, and
+    ``github.io`` when ``private``), a name whose top-level label the PSL
+    does not list (``localhost``, ``wiki.corp``: crawld does not apply the
+    PSL's default rule ``*`` to them), or a name with an empty label.
+
+    ``private``: also read the PSL's private section (``a.github.io`` ->
+    ``a.github.io``; without it, ``github.io``).  ``host`` is as in
+    :func:`politeness_key`.  Not cached: the hot path is
+    :func:`politeness_key`.
+
+    Raises:
+        ValueError: for an empty host.
+    """
+    h = _normal_host(host)
+    return None if _ip(h) is not None else _registered(h, private)
+
+
+@functools.lru_cache(maxsize=65536)
+def politeness_key(host: str, private: bool = PSL_PRIVATE_DEFAULT) -> str:
+    """The politeness key of a host name: its registered domain
+    (:func:`registered_domain`), else the host itself.
+
+    ``host`` is a lower-case host as found in a canonical URL (IDNA labels
+    in their ``xn--`` form; IPv6 literals may keep their brackets).
+    Examples: ``docs.python.org`` -> ``python.org``; ``a.b.co.uk`` ->
+    ``b.co.uk``; ``a.github.io`` -> ``a.github.io`` (``github.io`` with
+    ``private=False``); ``127.0.0.1`` -> ``127.0.0.1``; ``[::1]`` ->
+    ``::1``; ``localhost`` -> ``localhost``; ``wiki.corp`` -> ``wiki.corp``
+    (no public suffix: the host itself); ``co.uk`` -> ``co.uk``.
+
+    ``private`` is a property of the crawl: every process routing its URLs
+    must use the same value, or a domain's URLs would go to two shards.
+
+    Raises:
+        ValueError: for an empty host.
+    """
+    h = _normal_host(host)
+    ip = _ip(h)
+    if ip is not None:
+        return ip
+    return _registered(h, private) or h

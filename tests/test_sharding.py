@@ -11,7 +11,9 @@ import textwrap
 import pytest
 
 from crawld import sharding
-from crawld.sharding import jump_hash, key_hash, politeness_key, shard_of
+from crawld.config import CrawlConfig
+from crawld.scope import Router
+from crawld.sharding import jump_hash, key_hash, politeness_key, registered_domain, shard_of
 
 POLITENESS = [
     ("docs.python.org", "python.org"),
@@ -65,6 +67,88 @@ def test_politeness_key_rejects_empty_host(host):
 def test_subdomains_share_a_shard():
     hosts = ["docs.python.org", "www.python.org", "bugs.python.org", "python.org"]
     assert len({shard_of(politeness_key(h), 16) for h in hosts}) == 1
+
+
+# The PSL's private section (publicsuffix.org: "===BEGIN PRIVATE DOMAINS===",
+# suffixes under which others register their own sites) --------------------
+
+# (host, key with the private section (the default), key with ICANN alone)
+PRIVATE_SECTION = [
+    ("a.github.io", "a.github.io", "github.io"),
+    ("b.github.io", "b.github.io", "github.io"),
+    ("docs.a.github.io", "a.github.io", "github.io"),
+    ("github.io", "github.io", "github.io"),            # a suffix itself: its own key
+    ("www.example.uk.com", "example.uk.com", "uk.com"),
+    ("uk.com", "uk.com", "uk.com"),
+    ("someone.blogspot.com", "someone.blogspot.com", "blogspot.com"),
+    ("bucket.s3.amazonaws.com", "bucket.s3.amazonaws.com", "amazonaws.com"),
+    # ICANN suffixes and the fallbacks are the same either way
+    ("docs.python.org", "python.org", "python.org"),
+    ("a.b.co.uk", "b.co.uk", "b.co.uk"),
+    ("co.uk", "co.uk", "co.uk"),
+    ("www.example.com.au", "example.com.au", "example.com.au"),
+    ("127.0.0.1", "127.0.0.1", "127.0.0.1"),
+    ("[::1]", "::1", "::1"),
+    ("localhost", "localhost", "localhost"),
+    ("build.wiki.corp", "build.wiki.corp", "build.wiki.corp"),
+]
+
+
+@pytest.mark.parametrize("host, private_key, icann_key", PRIVATE_SECTION, ids=[p[0] for p in PRIVATE_SECTION])
+def test_politeness_key_private_section(host, private_key, icann_key):
+    assert politeness_key(host) == private_key
+    assert politeness_key(host, private=True) == private_key
+    assert politeness_key(host, private=False) == icann_key
+
+
+def test_two_sites_of_one_hosting_domain_are_two_sites():
+    assert politeness_key("a.github.io") != politeness_key("b.github.io")
+    assert politeness_key("a.github.io", private=False) == politeness_key("b.github.io", private=False)
+    # seeding one puts its own hosts in scope, not its neighbours
+    router = Router(CrawlConfig.from_dict({"crawl_id": "t", "seeds": ["https://a.github.io/"]}))
+    assert router.route("https://docs.a.github.io/x").in_scope
+    assert not router.route("https://b.github.io/x").in_scope
+    assert not router.route("https://github.io/").in_scope
+
+
+# (host, private, registered domain): publicsuffix.org's algorithm, None
+# where there is none (crawld does not apply the default rule "*" to a
+# top-level label the list does not have)
+REGISTERED = [
+    ("a.github.io", True, "a.github.io"),
+    ("a.github.io", False, "github.io"),
+    ("github.io", True, None),
+    ("github.io", False, "github.io"),
+    ("example.uk.com", True, "example.uk.com"),
+    ("uk.com", True, None),
+    ("WWW.Example.COM.", True, "example.com"),
+    ("com", True, None),
+    ("co.uk", False, None),
+    ("c.mm", True, None),                 # *.mm: every second-level name is a suffix
+    ("b.c.mm", True, "b.c.mm"),
+    ("test.ck", True, None),              # *.ck ...
+    ("www.ck", True, "www.ck"),           # ... except !www.ck
+    ("a.b.test.ck", True, "b.test.ck"),
+    ("www.xn--85x722f.xn--55qx5d.cn", True, "xn--85x722f.xn--55qx5d.cn"),
+    ("xn--55qx5d.cn", True, None),
+    ("127.0.0.1", True, None),
+    ("[2001:db8::1]", True, None),
+    ("localhost", True, None),
+    ("wiki.corp", True, None),
+    (".example.com", True, None),         # an empty label is no host name
+    ("a..example.com", True, None),
+]
+
+
+@pytest.mark.parametrize("host, private, domain", REGISTERED)
+def test_registered_domain(host, private, domain):
+    assert registered_domain(host, private) == domain
+
+
+@pytest.mark.parametrize("host", ["", "  ", ".", "[]"])
+def test_registered_domain_rejects_empty_host(host):
+    with pytest.raises(ValueError):
+        registered_domain(host)
 
 
 # Jump Consistent Hash -------------------------------------------------------
@@ -188,6 +272,8 @@ def test_politeness_key_without_network_or_cache_in_fresh_process(tmp_path):
         assert politeness_key("docs.python.org") == "python.org"
         assert politeness_key("a.b.co.uk") == "b.co.uk"
         assert politeness_key("wiki.corp") == "wiki.corp"
+        assert politeness_key("a.github.io") == "a.github.io"
+        assert politeness_key("a.github.io", private=False) == "github.io"
         assert attempts == [], attempts
         print("ok")
     """)
@@ -212,3 +298,5 @@ def test_politeness_key_in_process_with_sockets_blocked(monkeypatch):
     # hosts not seen before in this process, so the lru_cache cannot answer
     assert politeness_key("never-seen-before.example.co.jp") == "example.co.jp"
     assert politeness_key("x.y.never-seen.gov.uk") == "never-seen.gov.uk"
+    assert politeness_key("never-seen.blogspot.com") == "never-seen.blogspot.com"
+    assert politeness_key("never-seen-2.blogspot.com", private=False) == "blogspot.com"
