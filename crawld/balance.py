@@ -193,14 +193,15 @@ def _text(v: bytes | str) -> str:
 
 
 def read_crawl_weights(client, crawl_id: str, num_shards: int,
-                       batch: int = 1000) -> tuple[dict[str, float], dict[str, int]]:
+                       batch: int = 1000, private: bool = True) -> tuple[dict[str, float], dict[str, int]]:
     """``(weights, found_in)`` of a crawl's politeness keys, from Redis.
 
     A key's weight is the URLs queued for fetching so far: the larger of its
     hosts' page-budget counters (every URL ever queued; kept when
     ``max_pages_per_host`` > 0) and the URLs queued now plus claimed now.
     ``found_in`` is the shard each key is stored in.  Reads with ZSCAN and
-    HSCAN in batches of ``batch``, never KEYS.
+    HSCAN in batches of ``batch``, never KEYS.  ``private`` is the crawl's
+    ``psl_private_domains``.
     """
     sep = b"\x1f"
     weights: dict[str, float] = {}
@@ -221,7 +222,7 @@ def read_crawl_weights(client, crawl_id: str, num_shards: int,
         budget: dict[str, int] = {}
         for host, count in client.hscan_iter(k.budget, count=batch):
             try:
-                pkey = politeness_key(_text(host))
+                pkey = politeness_key(_text(host), private)
                 budget[pkey] = budget.get(pkey, 0) + int(count)
             except ValueError:
                 continue

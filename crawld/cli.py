@@ -758,7 +758,8 @@ def cmd_shard_balance(args) -> int:
     n, overrides = what_if.num_shards, what_if.shard_override_map
     found_in = None
     if args.crawl_id:
-        weights, found_in = balance.read_crawl_weights(client, config.crawl_id, config.num_shards)
+        weights, found_in = balance.read_crawl_weights(client, config.crawl_id, config.num_shards,
+                                                       private=config.psl_private_domains)
     else:
         source = "<stdin>" if args.hosts == "-" else args.hosts
         try:

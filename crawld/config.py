@@ -239,6 +239,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_inflight_per_host", "requests", "fetches in flight at once per registered domain", number_check(1, 1000, True)),
     Setting("max_depth", "links", "link distance from a seed beyond which URLs are not fetched", number_check(0, 10000, True)),
     Setting("allow_domains", "domains", "registered domains in scope besides the seeds' own", _domain_list),
+    Setting("psl_private_domains", "", "treat the Public Suffix List's private section (github.io, blogspot.com, "
+            "uk.com) as public suffixes, so a.github.io and b.github.io are separate sites for scope and "
+            "politeness", _bool),
     Setting("strip_params", "names", "query parameters dropped from canonical URLs ('*' = prefix)", _string_list),
     Setting("user_agent", "", "User-Agent header sent on every request", _header_value),
     Setting("connect_timeout_s", "s", "TCP connect timeout per request", number_check(0.1, 600)),
@@ -305,6 +308,7 @@ class CrawlConfig:
     max_inflight_per_host: int = 2
     max_depth: int = 20
     allow_domains: tuple[str, ...] = ()
+    psl_private_domains: bool = True
     strip_params: tuple[str, ...] = DEFAULT_STRIP_PARAMS
     user_agent: str = f"crawld/{__version__}"
     connect_timeout_s: float = 10.0

@@ -19,7 +19,7 @@ from .frontier import Entry, Frontier, PushItem
 from .output import DEAD_LETTER_PART, write_dead_letter_part
 from .rows import dead_letter_row
 from .scope import Router, scope_keys, variant_key
-from .sharding import shard_for
+from .sharding import politeness_key, shard_for
 from .urls import BadURL, canonicalize, fingerprint, resolve, without_userinfo
 
 
@@ -143,9 +143,23 @@ def check_shared_routing(client: redis.Redis, config: CrawlConfig, domains: set[
             other = load_crawl(client, other_id)
         except ConfigError:
             continue
+        theirs_scope = load_scope(client, other_id) | set(scope_keys(other))
+        if other.psl_private_domains != config.psl_private_domains:
+            # one of them sees a.github.io as a site, the other github.io:
+            # their politeness keys differ for the same servers
+            overlap = {politeness_key(d, other.psl_private_domains) for d in domains} & theirs_scope
+            overlap |= {politeness_key(d, config.psl_private_domains) for d in theirs_scope} & domains
+            if overlap and not _idle(client, other):
+                d = sorted(overlap)[0]
+                raise SharedDomainConflict(
+                    f"psl_private_domains: crawl {other_id} is crawling {d} with psl_private_domains="
+                    f"{str(other.psl_private_domains).lower()}; crawls of the same sites must agree on it (their "
+                    f"registered domains, the politeness keys, differ otherwise), or wait until crawl {other_id} "
+                    "is finished or cancelled")
+            continue
         if other.num_shards == config.num_shards and other.shard_overrides == config.shard_overrides:
             continue  # the same routing for every domain
-        shared = domains & (load_scope(client, other_id) | set(scope_keys(other)))
+        shared = domains & theirs_scope
         theirs = other.shard_override_map
         clash = [d for d in sorted(shared)
                  if shard_for(d, config.num_shards, mine) != shard_for(d, other.num_shards, theirs)]

@@ -82,6 +82,7 @@ seed``) while it is being rebalanced.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -139,15 +140,16 @@ def plan(pkeys: Iterable[str], old_n: int, new_n: int,
     return out
 
 
-def host_pkey(field: bytes | str) -> str | None:
+def host_pkey(field: bytes | str, private: bool = True) -> str | None:
     """Politeness key of a host-keyed field: ``host``, ``host[:port]/path``
-    (variants) or ``scheme://host:port`` (robots); None if no host."""
+    (variants) or ``scheme://host:port`` (robots); None if no host.
+    ``private``: the crawl's ``psl_private_domains``."""
     s = field.decode("utf-8", "replace") if isinstance(field, bytes) else field
     if "://" not in s:
         s = "//" + s
     try:
         host = urlsplit(s).hostname
-        return politeness_key(host) if host else None
+        return politeness_key(host, private) if host else None
     except ValueError:
         return None
 
@@ -400,8 +402,9 @@ class Rebalancer:
         #    crawl's politeness state on this shard number) only for this
         #    crawl's domains, and without overwriting what the target holds
         #    (another crawl routing the domain there: the later TAT wins)
-        for name, keyfn in [*((h, _d) for h in PKEY_HASHES), ("budget", host_pkey), ("variants", host_pkey),
-                            ("robots", host_pkey)]:
+        by_host = functools.partial(host_pkey, private=self.config.psl_private_domains)
+        for name, keyfn in [*((h, _d) for h in PKEY_HASHES), ("budget", by_host), ("variants", by_host),
+                            ("robots", by_host)]:
             shared = name in keys.SHARED_KEY_NAMES
             by_dst: dict[int, dict[bytes, bytes]] = defaultdict(dict)
             for f, v in c.hscan_iter(getattr(sk, name), count=1000):

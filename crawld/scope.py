@@ -35,10 +35,11 @@ def scope_keys(config: CrawlConfig) -> frozenset[str]:
         BadURL: a seed is not a crawlable URL.
     """
     ks = set()
+    private = config.psl_private_domains
     for seed in config.seeds:
-        ks.add(politeness_key(url_host(canonicalize(seed))))
+        ks.add(politeness_key(url_host(canonicalize(seed)), private))
     for d in config.allow_domains:
-        ks.add(politeness_key(d))
+        ks.add(politeness_key(d, private))
     return frozenset(ks)
 
 
@@ -123,7 +124,7 @@ class Router:
         r = self._routes.get(netloc)
         if r is None:
             host = url_host(canonical_url)
-            pkey = politeness_key(host)
+            pkey = politeness_key(host, self.config.psl_private_domains)
             r = Route(host, pkey, shard_for(pkey, self.config.num_shards, self._overrides), pkey in self.scope)
             if len(self._routes) >= self._max:
                 self._routes.clear()

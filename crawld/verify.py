@@ -291,11 +291,12 @@ def made_request(outcome: str | None, status: int | None, response_ms: float | N
     return outcome == "error" and (status is not None or bool(response_ms))
 
 
-def artifact_facts(batches: Iterable[dict[str, list[Any]]]) -> ArtifactFacts:
+def artifact_facts(batches: Iterable[dict[str, list[Any]]], private: bool = True) -> ArtifactFacts:
     """Fold column batches (``canonical_url``, ``shard``, ``outcome``,
     ``status``, ``response_ms``, ``host``, ``fetched_at`` as Unix ms) into
-    :class:`ArtifactFacts`.  Memory: one entry per distinct URL plus one
-    float per request."""
+    :class:`ArtifactFacts`; ``private`` is the crawl's
+    ``psl_private_domains`` (how hosts group into registered domains).
+    Memory: one entry per distinct URL plus one float per request."""
     from .urls import fingerprint
 
     facts = ArtifactFacts()
@@ -321,7 +322,7 @@ def artifact_facts(batches: Iterable[dict[str, list[Any]]]) -> ArtifactFacts:
                 by_shard[shard] += 1
             if host and at is not None and made_request(outcome, status, rms):
                 try:
-                    key = politeness_key(host)
+                    key = politeness_key(host, private)
                 except ValueError:
                     continue
                 times.setdefault(key, []).append(at / 1000.0)
@@ -336,7 +337,7 @@ _COLUMNS = ["canonical_url", "shard", "outcome", "status", "response_ms", "host"
 SPILL_REASON = "memory_backpressure"
 
 
-def read_artifact(path: str | os.PathLike) -> ArtifactFacts:
+def read_artifact(path: str | os.PathLike, private: bool = True) -> ArtifactFacts:
     """Read the columns the checks need, a row group at a time.
 
     Raises:
@@ -354,7 +355,7 @@ def read_artifact(path: str | os.PathLike) -> ArtifactFacts:
             cols = {n: batch.column(n) for n in _COLUMNS}
             cols["fetched_at"] = pc.cast(cols["fetched_at"], pa.int64())
             yield {n: c.to_pylist() for n, c in cols.items()}
-    return artifact_facts(batches())
+    return artifact_facts(batches(), private)
 
 
 # -- merge records ------------------------------------------------------------
@@ -461,7 +462,7 @@ def run_checks(client: Any, config: CrawlConfig, artifact: str | os.PathLike | N
         raise FileNotFoundError(2, "no such file", str(path))
     frontier = Frontier(client, config)
     shards = [shard_status(frontier, s) for s in range(config.num_shards)]
-    facts = read_artifact(path)
+    facts = read_artifact(path, config.psl_private_domains)
     rebalanced = bool(int(client.get(keys.crawl_epoch(config.crawl_id)) or 0))
     return path, evaluate(config, shards, facts, records, tolerance, band, rebalanced)
 

@@ -20,6 +20,7 @@ BAD_VALUE = {
     "max_inflight_per_host": 0,
     "max_depth": -1,
     "allow_domains": ["example.org", ""],
+    "psl_private_domains": "maybe",
     "strip_params": [""],
     "user_agent": "",
     "connect_timeout_s": 0,

@@ -180,3 +180,32 @@ def test_text_multi_member_and_nested_sitemaps(tmp_path, redis_server, rds):
     expect("no row deeper", f"{site}/nest/{MAX_NESTING + 2}.xml" not in rows)
     expect("server behaviours ran cleanly", not srv.errors)
     assert not problems, problems
+
+
+def test_a_robots_txt_cut_at_500_kib_is_known_as_cut_and_read_to_its_last_line(rds):
+    from crawld.config import CrawlConfig
+    from crawld.fetcher import fetch, make_session
+    from crawld.robots import MAX_ROBOTS_BYTES, RobotsCache, RobotsFetch, RobotsRecord
+
+    host = "www.big-robots.org"
+    body = b"User-agent: *\nDisallow: /tmp\n" + b"# padding\n" * (MAX_ROBOTS_BYTES // 10) + b"Disallow: /private\n"
+    cfg = CrawlConfig.from_dict({"crawl_id": "t", "seeds": [f"http://{host}/"]})
+    cuts = []
+    with SiteServer(("127.0.0.1", 0), files={(host, "/robots.txt"): (200, body, "text/plain")}) as srv:
+        session = make_session(cfg, 1, proxy=srv.url)
+
+        def fetch_body(origin):
+            res = fetch(session, origin + "/robots.txt", cfg, max_bytes=MAX_ROBOTS_BYTES)
+            return RobotsFetch(res.status, res.body.decode("utf-8", errors="replace"), res.error, res.error_kind,
+                               cut=res.truncated)
+        cache = RobotsCache(rds, lambda o: "robots-test", "crawld", 3600, 60, fetch_body,
+                            lambda o: "robots-lock:" + o, on_cut=lambda o, got: cuts.append(o))
+        pol, fetched = cache.fetch(f"http://{host}")
+        session.close()
+    assert fetched and pol.cut and cuts == [f"http://{host}"]
+    # the rules before the cut apply, the line after it is gone
+    assert not pol.allowed(f"http://{host}/tmp/x") and pol.allowed(f"http://{host}/private")
+    stored = RobotsRecord.from_json(rds.hget("robots-test", f"http://{host}"))
+    assert stored.cut and len(stored.body.encode()) == MAX_ROBOTS_BYTES
+    cache._local.clear()
+    assert cache.cached(f"http://{host}").cut

@@ -183,3 +183,29 @@ def test_purging_a_crawl_gives_its_in_flight_slots_back_to_the_others(rds, run_c
         got += b.claim(0, 2)[1]
         time.sleep(0.01)
     assert len(got) == 2
+
+
+def test_crawls_that_disagree_on_the_psl_private_section_cannot_share_a_site(rds):
+    # with the private section a.github.io is a site; without it github.io is:
+    # the same servers under two politeness keys, two rate budgets
+    seeds = ["https://a.github.io/"]
+    create_crawl(rds, CrawlConfig.from_dict({"crawl_id": "sites", "seeds": seeds}), seeds)
+    seed(rds, CrawlConfig.from_dict({"crawl_id": "sites", "seeds": seeds}), seeds)
+    whole = CrawlConfig.from_dict({"crawl_id": "whole", "seeds": ["https://b.github.io/"],
+                                   "psl_private_domains": False})
+    with pytest.raises(SharedDomainConflict, match="psl_private_domains"):
+        create_crawl(rds, whole, ["https://b.github.io/"])
+    # a crawl of another site with the other setting is fine
+    create_crawl(rds, CrawlConfig.from_dict({"crawl_id": "other", "seeds": ["https://www.example.org/"],
+                                             "psl_private_domains": False}), ["https://www.example.org/"])
+
+
+def test_the_psl_private_section_decides_what_is_in_scope():
+    from crawld.scope import Router
+    on = Router(CrawlConfig.from_dict({"crawl_id": "on", "seeds": ["https://a.github.io/"]}))
+    off = Router(CrawlConfig.from_dict({"crawl_id": "off", "seeds": ["https://a.github.io/"],
+                                        "psl_private_domains": False}))
+    assert on.route("https://b.github.io/").in_scope is False
+    assert on.route("https://a.github.io/x").pkey == "a.github.io"
+    assert off.route("https://b.github.io/").in_scope is True
+    assert off.route("https://a.github.io/x").pkey == "github.io"
