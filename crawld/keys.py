@@ -139,6 +139,14 @@ def shard_tag(shard: int) -> str:
     return "{s%d}" % shard
 
 
+def shared_key(shard: int, name: str) -> str:
+    """Shard number ``shard``'s shared key ``name`` (one of
+    :data:`SHARED_KEY_NAMES`), which is the same for every crawl."""
+    if name not in SHARED_KEY_NAMES:
+        raise ValueError(f"{name!r} is not a shared shard key")
+    return f"{PREFIX}:{shard_tag(shard)}:{name}"
+
+
 def crawl_shard_prefix(crawl_id: str, shard: int) -> str:
     """The common prefix of the keys of one crawl on one shard (for SCAN)."""
     return f"{PREFIX}:{shard_tag(shard)}:crawl:{crawl_id}:"
@@ -148,8 +156,7 @@ def shard_keys(crawl_id: str, shard: int) -> ShardKeys:
     """Keys of ``shard`` (0-based) of ``crawl_id``: its own keys, and the
     shard's :data:`SHARED_KEY_NAMES`."""
     own = crawl_shard_prefix(crawl_id, shard)
-    shared = f"{PREFIX}:{shard_tag(shard)}:"
-    return ShardKeys(**{n: (shared if n in SHARED_KEY_NAMES else own) + n for n in SHARD_KEY_NAMES})
+    return ShardKeys(**{n: shared_key(shard, n) if n in SHARED_KEY_NAMES else own + n for n in SHARD_KEY_NAMES})
 
 
 def robots_lock(shard: int, origin: str) -> str:

@@ -13,7 +13,9 @@ scrape time (:class:`SupervisorCollector`).
 Names follow the Prometheus conventions: a ``crawld_`` prefix, ``_total``
 counters, base units (``_seconds``, ``_bytes``).  Labels are bounded:
 ``crawl_id``, ``shard``, a status class, an error kind, an outcome, a
-child name; never a host or a URL.
+child name; never a URL, and a registered domain only for the at most
+:data:`SLOWED_LABELS` slowest adapted domains of a shard
+(``crawld_domain_adapted_rate_rps``).
 
 Gauges of a shard's state in Redis (queue depth, claimed, oldest claim,
 leaseholder) and of Redis memory are read at scrape time by
@@ -39,6 +41,8 @@ DEFAULT_PORT = 9410
 ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 SHARD = ("crawl_id", "shard")
+#: most domains per shard exported with a ``domain`` label (bounded labels)
+SLOWED_LABELS = 10
 
 # -- workers -------------------------------------------------------------------
 FETCHES = Counter("crawld_fetches_total", "Page requests finished, by status class (2xx..5xx, or 'none' when no "
@@ -183,7 +187,7 @@ class RedisCollector:
         return []
 
     def _read(self) -> list:
-        from .status import shard_status  # the same reading as 'crawlctl status'
+        from .status import shard_status, slowed_domains  # the same readings as 'crawlctl status'
 
         up = GaugeMetricFamily("crawld_redis_up", "1 when the last read of Redis succeeded.")
         families = {
@@ -205,6 +209,12 @@ class RedisCollector:
             "acked": GaugeMetricFamily("crawld_shard_acked", "Claims acked so far in the crawl (Redis "
                                        "counter).", labels=SHARD),
         }
+        slowed = GaugeMetricFamily("crawld_domains_rate_adapted", "Registered domains of the shard whose rate "
+                                   "is adapted below the crawls' after 429/503 answers (the fleet's state, "
+                                   "shared by every crawl).", labels=["shard"])
+        slowest = GaugeMetricFamily("crawld_domain_adapted_rate_rps", "Adapted rate of the (at most "
+                                    f"{SLOWED_LABELS}) slowest such domains of the shard, requests/s.",
+                                    labels=["shard", "domain"])
         mem_used = GaugeMetricFamily("crawld_redis_used_memory_bytes", "Redis used_memory.")
         mem_max = GaugeMetricFamily("crawld_redis_maxmemory_bytes", "Redis maxmemory (0: no limit).")
         try:
@@ -213,9 +223,16 @@ class RedisCollector:
             nodes = primaries_info(self.client, "memory").values()
             mem_used.add_metric([], float(sum(int(i.get("used_memory", 0)) for i in nodes)))
             mem_max.add_metric([], float(sum(int(i.get("maxmemory", 0)) for i in nodes)))
+            seen: set[int] = set()
             for cid, frontier in sorted(self.crawls().items()):
                 shards = range(frontier.config.num_shards) if self.shards is None else \
                     [s for s in self.shards if s < frontier.config.num_shards]
+                for shard in set(shards) - seen:
+                    seen.add(shard)
+                    ds = slowed_domains(self.client, shard)
+                    slowed.add_metric([str(shard)], float(len(ds)))
+                    for d in ds[:SLOWED_LABELS]:
+                        slowest.add_metric([str(shard), d["domain"]], d["rate_rps"])
                 for shard in shards:
                     st = shard_status(frontier, shard)
                     labels = [cid, str(shard)]
@@ -228,7 +245,7 @@ class RedisCollector:
             self.last_error = f"{type(exc).__name__}: {exc}"
             up.add_metric([], 0.0)
             return [up]
-        return [up, mem_used, mem_max, *families.values()]
+        return [up, mem_used, mem_max, slowed, slowest, *families.values()]
 
 
 def serve(port: int, path: str | None, collectors: Iterable = (), addr: str = "0.0.0.0") -> tuple[object, object]:

@@ -53,6 +53,29 @@ def shard_status(frontier: Frontier, shard: int) -> dict[str, Any]:
     }
 
 
+def slowed_domains(client, shard: int, only: set[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Registered domains of shard number ``shard`` whose rate is adapted
+    down after 429/503 answers (crawld.politeness; the state is the
+    fleet's, shared by every crawl): ``[{"domain", "rate_rps",
+    "ceiling_rps"}]``, slowest first, at most ``limit``; ``only`` keeps the
+    domains of a crawl's scope.  Reads with HSCAN.  Raises ``redis.RedisError``."""
+    from . import keys
+    from .politeness import Adapt
+
+    out = []
+    for field, raw in client.hscan_iter(keys.shared_key(shard, "adapt"), count=1000):
+        domain = field.decode("utf-8", "replace") if isinstance(field, bytes) else field
+        if only is not None and domain not in only:
+            continue
+        a = Adapt.decode(raw)
+        if a is None or a.interval <= 0:
+            continue
+        out.append({"domain": domain, "rate_rps": round(1e6 / a.interval, 3),
+                    "ceiling_rps": round(1e6 / a.ceiling, 3) if a.ceiling > 0 else None})
+    out.sort(key=lambda d: (d["rate_rps"], d["domain"]))
+    return out[:limit] if limit is not None else out
+
+
 def crawl_status(frontier: Frontier) -> dict[str, Any]:
     """Every shard of the crawl plus ``totals`` (sums; the oldest claim is
     the maximum; ``leased`` counts shards with a leaseholder),
@@ -71,9 +94,19 @@ def crawl_status(frontier: Frontier) -> dict[str, Any]:
         else:
             totals[name] = sum(s[name] for s in shards)
     finished = all(s["queued"] == 0 and s["claimed"] == 0 and s["skips"] == 0 for s in shards)
-    return {"crawl_id": frontier.config.crawl_id, "num_shards": frontier.config.num_shards,
+    from .crawls import load_scope
+    from .scope import scope_keys
+
+    cfg = frontier.config
+    scope = load_scope(frontier.client, cfg.crawl_id) | set(scope_keys(cfg))
+    slowed = [dict(d, shard=s) for s in range(cfg.num_shards) for d in slowed_domains(frontier.client, s, scope)]
+    slowed.sort(key=lambda d: (d["rate_rps"], d["domain"]))
+    return {"crawl_id": cfg.crawl_id, "num_shards": cfg.num_shards,
             "shards": [{k: v for k, v in s.items() if k != "stats"} for s in shards],
-            "totals": totals, "finished": finished, "state": raw_state.decode() if raw_state else "active"}
+            "totals": totals, "finished": finished, "state": raw_state.decode() if raw_state else "active",
+            "max_rps_per_host": cfg.max_rps_per_host, "slowed": slowed,
+            "robots_cut": sum(s["stats"].get("robots_cut", 0) for s in shards),
+            "rate_cuts": sum(s["stats"].get("rate_cuts", 0) for s in shards)}
 
 
 def render(st: dict[str, Any]) -> str:
@@ -97,6 +130,15 @@ def render(st: dict[str, Any]) -> str:
         progress = "not finished, no longer served (the rest stays unfetched)"
     else:
         progress = "running"
+    for d in st.get("slowed", [])[:10]:
+        lines.append(f"slowed down after 429/503: {d['domain']} (shard {d['shard']}) at {d['rate_rps']:g} req/s "
+                     f"(crawl's max_rps_per_host {st['max_rps_per_host']:g}; last asked to slow down at "
+                     f"{d['ceiling_rps']:g} req/s)")
+    if len(st.get("slowed", [])) > 10:
+        lines.append(f"... and {len(st['slowed']) - 10} more registered domain(s) slowed down (--json lists them)")
+    if st.get("robots_cut"):
+        lines.append(f"robots.txt cut at 500 KiB: {st['robots_cut']} origin(s) (the rules before the cut apply; "
+                     "the worker log names them: event robots_txt_cut)")
     return f"crawl {st['crawl_id']}: {state}, {progress}\n" + "\n".join(lines)
 
 

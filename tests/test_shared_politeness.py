@@ -209,3 +209,25 @@ def test_the_psl_private_section_decides_what_is_in_scope():
     assert on.route("https://a.github.io/x").pkey == "a.github.io"
     assert off.route("https://b.github.io/").in_scope is True
     assert off.route("https://a.github.io/x").pkey == "github.io"
+
+
+def test_an_adapted_rate_shows_in_status_and_metrics(rds, run_crawlctl, redis_server):
+    from crawld import status
+    from crawld.metrics import RedisCollector
+
+    seeds = ["http://www.busy-site.com/"]
+    cfg = CrawlConfig.from_dict({"crawl_id": "slowed", "seeds": seeds, "num_shards": 2, "max_rps_per_host": 8})
+    create_crawl(rds, cfg, seeds)
+    seed(rds, cfg, seeds)
+    f = Frontier(rds, cfg)
+    shard = shard_for("busy-site.com", 2)
+    f.claim(shard, 0, reports=[HostReport("busy-site.com", "a", 0.0, "HTTP 429")])
+    st = status.crawl_status(f)
+    assert [(d["domain"], d["rate_rps"], d["shard"]) for d in st["slowed"]] == [("busy-site.com", 1.0, shard)]
+    proc = run_crawlctl("status", "--crawl-id", "slowed", "--redis-url", redis_server.url)
+    assert "slowed down after 429/503: busy-site.com" in proc.stdout and "at 1 req/s" in proc.stdout, proc.stdout
+    fams = {fam.name: fam for fam in RedisCollector(rds, lambda: {"slowed": f}, None)._read()}
+    assert [(s.labels, s.value) for s in fams["crawld_domain_adapted_rate_rps"].samples] == [
+        ({"shard": str(shard), "domain": "busy-site.com"}, 1.0)]
+    assert {s.labels["shard"]: s.value for s in fams["crawld_domains_rate_adapted"].samples} == {
+        str(shard): 1.0, str(1 - shard): 0.0}
