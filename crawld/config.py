@@ -261,8 +261,8 @@ SETTINGS: tuple[Setting, ...] = (
             "long: its URLs are recorded as host_parked, not fetched (0 = never)", number_check(0, 86400 * 7)),
     Setting("max_retry_after_s", "s", "a Retry-After longer than this parks the host", number_check(0, 86400 * 7)),
     Setting("robots_ttl_s", "s", "how long a fetched robots.txt is trusted before it is fetched again", number_check(1, 86400 * 30)),
-    Setting("robots_retry_s", "s", "wait before fetching a robots.txt again after a 5xx or time-out (host disallowed meanwhile)", number_check(0.1, 86400)),
-    Setting("robots_max_failures", "failures", "robots.txt failures in a row after which the host's URLs are recorded as blocked", number_check(1, 100, True)),
+    Setting("robots_retry_s", "s", "an unreachable robots.txt answer (5xx, time-out, no connection) is trusted this "
+            "long; the host's failure backoff spaces the next tries, host_give_up_s ends them", number_check(0.1, 86400)),
     Setting("honour_nofollow", "", "do not follow rel=nofollow links (they are recorded as skipped)", _bool),
     Setting("honour_robots_meta", "", "obey nofollow in <meta name=robots> and X-Robots-Tag", _bool),
     Setting("sitemaps", "", "seed the URLs of robots.txt Sitemap: lines and /sitemap.xml", _bool),
@@ -325,8 +325,7 @@ class CrawlConfig:
     host_give_up_s: float = 1800.0
     max_retry_after_s: float = 3600.0
     robots_ttl_s: float = 86400.0
-    robots_retry_s: float = 60.0
-    robots_max_failures: int = 5
+    robots_retry_s: float = 1.0
     honour_nofollow: bool = True
     honour_robots_meta: bool = True
     sitemaps: bool = False

@@ -44,7 +44,7 @@ from .robots import MAX_ROBOTS_BYTES, UNREACHABLE, RobotsCache, RobotsFetch, age
 
 #: redirects followed when fetching a robots.txt (RFC 9309 section 2.3.1.2)
 ROBOTS_MAX_REDIRECTS = 5
-from .rows import REDIRECT_STATUSES, make_row, outcome_of_mode
+from .rows import ROBOTS_UNREACHABLE, REDIRECT_STATUSES, make_row, outcome_of_mode
 
 #: the ``error`` of a link recorded instead of queued while Redis memory is
 #: above the crawl's ``memory_high_watermark`` (outcome ``skipped``)
@@ -403,13 +403,23 @@ class CrawlShard:
             if fetched_robots:
                 self._after_robots(origin, route.pkey, route.in_scope, pol)
         if pol.state == UNREACHABLE:
+            # RFC 9309 2.3.1.4: complete disallow for now; the URL waits,
+            # spending no attempt, until robots.txt can be read
             self._slot_done(claim)
-            if pol.record.failures >= cfg.robots_max_failures:
-                why = pol.record.error or f"HTTP {pol.record.status}"
-                return self._record(entry, claim, f"robots_unreachable: {why}", skip=False)
-            # the origin counts as disallowed for now: the URL waits
-            return self._give_back(claim, "robots.txt unreachable", count=False,
-                                   report=HostReport(route.pkey, "h", cfg.robots_retry_s, "robots.txt unreachable"))
+            why = f"{ROBOTS_UNREACHABLE}: {pol.record.error or f'HTTP {pol.record.status}'}"
+            if entry.deferrals >= cfg.max_deferrals:
+                return self._record(entry, claim, why, skip=False)
+            if fetched_robots:
+                # this claim's own request failed: a failure of the host, which
+                # backs it off, probes it one request at a time and gives it up
+                # only after host_give_up_s (its URLs then become rows)
+                report = HostReport(route.pkey, "f", self._rand.random(), why)
+            else:
+                # found so by another request moments ago: wait for its retry
+                left = cfg.robots_retry_s - (time.time() - pol.record.fetched_at)
+                report = HostReport(route.pkey, "h", max(left, 0.05), why)
+            deferred = dataclasses.replace(entry, deferrals=entry.deferrals + 1)
+            return self._give_back(claim, why, count=False, report=report, payload=deferred.to_payload())
         if not pol.allowed(entry.url):
             self._slot_done(claim)
             self.m["ROBOTS_BLOCKS"].inc()

@@ -79,7 +79,7 @@ class RetryFilter:
             return "error"
         if outcome == "skipped" and error.startswith("host_parked"):
             return "host_parked"
-        if outcome == "blocked" and error.startswith("robots_unreachable"):
+        if outcome == "blocked" and error.startswith(("robots_unreachable", "host_parked: robots_unreachable")):
             return "robots_unreachable"
         return None
 

@@ -8,9 +8,12 @@ the major crawlers do:
   complete line;
 * 4xx (and more than 5 redirects): "unavailable", everything is allowed;
 * 5xx, time-outs and connection errors: "unreachable", the origin is treated
-  as fully disallowed for now; its URLs wait and the file is fetched again
-  after ``robots_retry_s``; after ``robots_max_failures`` failures in a row
-  the origin's URLs are recorded as blocked (never silently allowed);
+  as fully disallowed for now (RFC 9309 2.3.1.4); its URLs wait, spending
+  no attempt, and each failed fetch is a failure of the host: it backs off
+  (``backoff_base_s`` doubling to ``backoff_max_s``), is probed one request
+  at a time, and is given up only after ``host_give_up_s`` of failing; its
+  URLs then become ``blocked`` rows (``host_parked: robots_unreachable:
+  ...``), never silently allowed;
 * a fetched file is trusted for ``robots_ttl_s`` (RFC 9309 suggests at
   most 24 hours) before it is fetched again.
 

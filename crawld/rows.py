@@ -98,14 +98,21 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: ``redirect_kind`` values: a 3xx Location, a ``<meta http-equiv=refresh>``
 REDIRECT_KINDS = ("http", "meta_refresh")
 
+#: the reason of a URL whose robots.txt could not be read
+ROBOTS_UNREACHABLE = "robots_unreachable"
 #: skip reasons (the ``mode`` of a frontier entry) whose row is ``blocked``
 #: rather than ``skipped``
-BLOCKED_MODES = ("robots_disallowed", "robots_unreachable", "address_blocked")
+BLOCKED_MODES = ("robots_disallowed", ROBOTS_UNREACHABLE, "address_blocked")
 
 
 def outcome_of_mode(mode: str) -> str:
-    """``blocked`` or ``skipped`` for a URL recorded without a fetch."""
-    return "blocked" if mode.startswith(BLOCKED_MODES) else "skipped"
+    """``blocked`` or ``skipped`` for a URL recorded without a fetch.  A
+    host given up because its robots.txt could not be read
+    (``host_parked: robots_unreachable: ...``) is ``blocked``: RFC 9309
+    section 2.3.1.4 reads an unreachable robots.txt as a complete disallow."""
+    if mode.startswith(BLOCKED_MODES) or mode.startswith("host_parked: " + ROBOTS_UNREACHABLE):
+        return "blocked"
+    return "skipped"
 
 
 def make_row(*, crawl_id: str, url: str, canonical_url: str, outcome: str, shard: int, attempt: int,

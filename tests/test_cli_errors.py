@@ -224,7 +224,7 @@ def test_seed_again_with_same_settings_is_harmless(redis_server, rds, tmp_path):
 def test_a_crawl_where_nothing_could_be_fetched_fails(tmp_path):
     dead_proxy = f"http://127.0.0.1:{free_port()}"
     proc = crawlctl("run", "http://www.example-unfetchable.com/", "--proxy", dead_proxy, "--max-attempts", "1",
-                    "--set", "robots_retry_s=0.2", "--set", "robots_max_failures=2",
+                    "--set", "robots_retry_s=0.2", "--set", "host_give_up_s=1", "--set", "backoff_max_s=0.2",
                     "--shards", "1", "--out", str(tmp_path), "--json")
     assert proc.returncode == exitcodes.FAILED, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("crawlctl: error: no URL could be fetched")

@@ -38,7 +38,6 @@ BAD_VALUE = {
     "max_retry_after_s": -5,
     "robots_ttl_s": 0,
     "robots_retry_s": 0,
-    "robots_max_failures": 0,
     "honour_nofollow": "maybe",
     "honour_robots_meta": 2,
     "sitemaps": "sometimes",

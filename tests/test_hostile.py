@@ -40,7 +40,7 @@ MAX_DEPTH = 4
 SETTINGS = {
     "fetch_deadline_s": 3, "read_timeout_s": 1.5, "connect_timeout_s": 1, "max_body_bytes": MAX_BODY,
     "backoff_base_s": 0.1, "backoff_max_s": 0.5, "max_redirects": 3, "max_query_variants": 5,
-    "robots_max_failures": 2, "robots_retry_s": 0.5, "host_max_failures": 100, "max_path_repeats": 3,
+    "robots_retry_s": 0.5, "host_max_failures": 100, "host_give_up_s": 3, "max_path_repeats": 3,
 }
 
 # -- hosts (one registered domain per kind of trouble) ----------------------------
@@ -823,15 +823,16 @@ case("robots-404", f"http://{R404}/page",
      routes={(R404, "/page"): child_page("allowed")},
      outcome="fetched", status=200, check=lambda row, c: c.srv.count(R404, "/robots.txt") == 1)
 case("robots-500", f"http://{R500}/page",
-     "robots.txt 500: host disallowed and robots.txt retried; after robots_max_failures=2: blocked robots_unreachable",
+     "robots.txt 500: host disallowed and robots.txt retried with the host's backoff; given up after "
+     "host_give_up_s=3: blocked, host_parked: robots_unreachable",
      routes={(R500, "/robots.txt"): respond(500, "oops", content_type="text/plain"),
              (R500, "/page"): child_page("must not be fetched")},
-     outcome="blocked", error="robots_unreachable: HTTP 500", status=None,
+     outcome="blocked", error="host_parked: robots_unreachable: HTTP 500", status=None,
      check=lambda row, c: c.srv.count(R500, "/robots.txt") >= 2)
 case("robots-timeout", f"http://{RTIME}/page",
-     "robots.txt that never answers: retried, then blocked robots_unreachable: timeout",
+     "robots.txt that never answers: retried, then given up: blocked, host_parked: robots_unreachable: timeout",
      routes={(RTIME, "/robots.txt"): hold, (RTIME, "/page"): child_page("must not be fetched")},
-     outcome="blocked", error_prefix="robots_unreachable: timeout:",
+     outcome="blocked", error_prefix="host_parked: robots_unreachable: timeout:",
      check=lambda row, c: c.srv.count(RTIME, "/robots.txt") >= 2)
 case("robots-redirect", f"http://{RREDIR}/secret/x",
      "robots.txt 301 to another path whose rules disallow /secret/: the redirect is followed, URL blocked",
