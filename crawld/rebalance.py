@@ -351,14 +351,24 @@ class Rebalancer:
         ``_renew_n`` (checked under the lock with each lease call, so that a
         removed shard's deleted lease is never renewed)."""
         lock = keys.crawl_rebalance_lock(self.cid)
-        while not self._stop.wait(self.lease_ttl_s / 3.0):
+        every = self.lease_ttl_s / 3.0
+
+        def renew_lock() -> float:
             try:
                 if not self._lua["lock_renew"](keys=[lock], args=[self._owner, int(self.lease_ttl_s * 1000)]):
                     self._lock_lost = True
             except redis.RedisError:
                 pass
+            return time.monotonic()
+
+        while not self._stop.wait(every):
+            renewed = renew_lock()
             s = 0
             while not self._stop.is_set():
+                # a round over many shards' leases may outlast the lock's
+                # TTL: renew it on the way too
+                if time.monotonic() - renewed >= every:
+                    renewed = renew_lock()
                 with self._renew_lock:
                     if s >= self._renew_n:
                         break

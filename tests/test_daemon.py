@@ -261,9 +261,14 @@ def test_a_standby_daemon_takes_over_the_shards_of_a_killed_one(how, tmp_path, o
             assert all(t and t.startswith(f"{socket.gethostname()}:{a.pid}:")
                        for t in _lease_tokens(client, cfg.crawl_id, 2))
             b = start_daemon(own_redis.url, "0-1", tmp_path / "b.log", CRAWLD_PROXY=srv.url)
-            time.sleep(3)  # b is up and standing by
+            # b is up and standing by: its workers say so (an event, not a sleep:
+            # a loaded machine may take a while to start them)
+            deadline = time.monotonic() + 60
+            while not any(e["event"] == "lease_held_elsewhere" for e in events(tmp_path / "b.log")):
+                assert time.monotonic() < deadline, "the second daemon never stood by"
+                assert b.poll() is None, f"crawld b exited {b.returncode}"
+                time.sleep(0.1)
             assert all(t.startswith(f"{socket.gethostname()}:{a.pid}:") for t in _lease_tokens(client, cfg.crawl_id, 2))
-            assert any(e["event"] == "lease_held_elsewhere" for e in events(tmp_path / "b.log"))
             if how == "supervisor":
                 os.kill(a.pid, signal.SIGKILL)
             else:

@@ -258,7 +258,7 @@ def test_crawl_with_fewer_shards_is_not_served_by_the_extra_shard(tmp_path, redi
         time.sleep(2.5)  # a discovery round (every 2 s) more of worker 1 with crawl ONE in Redis
         assert daemon.poll() is None, log_path.read_text()[-4000:]
         # worker 1 never took a lease of (or wrote anything for) a shard 1 of ONE
-        assert client.keys(f"{keys.PREFIX}:{keys.shard_tag('one', 1)}:*") == []
+        assert client.keys(keys.crawl_shard_prefix("one", 1) + "*") == []
         code, stop_s = stop_daemon(daemon)
         assert code == 0, f"crawld exited {code} after SIGTERM:\n{log_path.read_text()[-4000:]}"
         counts = srv.counts()
