@@ -81,9 +81,10 @@ class MessyWeb:
         return 2 + 1 + chain + 1 + self.site_pages(domain) + private
 
     def lower_bound(self, rps: float) -> float:
-        """Seconds: max over domains of its requests / its rate (1 r/s for
-        the limited domain)."""
-        return max(self.requests_needed(d) / (1.0 if d == self.limited else rps) for d in self.domains)
+        """Seconds: max over domains of its requests / ``rps`` and, for the
+        limited domain, of its ``www.`` host's requests / 1 r/s."""
+        www_limited = self.requests_needed(self.limited) - 2  # its bare host's two redirects are not limited
+        return max(max(self.requests_needed(d) / rps for d in self.domains), www_limited / 1.0)
 
 
 def build(n_domains: int, pages: int, limited_pages: int = 3) -> MessyWeb:
