@@ -38,15 +38,14 @@ halving.  The interval never
 exceeds ``max_interval_us`` and, recovered to the crawl's own interval, the
 adaptation is dropped.
 
-Fair share (:func:`fair_claim`): when two crawls wait on one domain, each
-takes turns: a crawl that finds the domain's slot taken records itself as
-waiting (``want``); the next crawl to find a conforming slot while another
-waits leaves that slot to it once.
+Fair share (in the claim script): when two crawls wait on one domain, they
+take turns: a crawl that finds the domain's slot taken by another records
+itself as waiting (``want``); the next crawl to find a conforming slot
+while another waits leaves that slot to it, once.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 #: first slow-down of a host: at most 1 request/s (interval, us)
@@ -176,30 +175,6 @@ def on_success(adapt: Adapt | None, own: int) -> Adapt | None:
     if new <= own:
         return None
     return Adapt(new, adapt.ceiling, adapt.cut_at)
-
-
-def backoff(failures: int, base: int, cap: int, jitter: float) -> float:
-    """Hold after ``failures`` failures in a row (us): ``base * 2^(n-1)``
-    capped at ``cap``, scaled by ``0.5 + jitter / 2`` ("equal jitter", AWS
-    Architecture Blog, "Exponential Backoff and Jitter", 2015);
-    ``jitter`` in [0, 1)."""
-    d = min(base * 2 ** (failures - 1), cap)
-    return d * (0.5 + jitter / 2)
-
-
-def fair_claim(want: str | None, me: str) -> tuple[bool, bool]:
-    """``(take, clear_want)`` for a crawl ``me`` finding a conforming slot
-    of a domain that crawl ``want`` (or nobody) waits for."""
-    if want is None:
-        return True, False
-    if want == me:
-        return True, True
-    return False, True
-
-
-def jitter(rand: random.Random | None = None) -> float:
-    """A jitter value in [0, 1) for :func:`backoff`."""
-    return (rand or random).random()
 
 
 class SendPacer:

@@ -160,3 +160,17 @@ def test_adaptation_to_a_limit_req_host_costs_under_one_percent_429s(pages, limi
     assert n429 / reqs < 0.01, (n429, reqs)
     # and keeps most of the host's rate (the lower bound is pages * limit)
     assert pages * limit_us / t > 0.6
+
+
+def test_the_send_pacer_spaces_a_domains_requests_as_they_leave():
+    p = politeness.SendPacer(max_keys=4)
+    # two requests granted together (a late one and the next on time) leave a gap apart
+    assert p.send_at("a.com", 10.0, 0.5) == 10.0
+    assert p.send_at("a.com", 10.1, 0.5) == 10.5
+    assert p.send_at("a.com", 10.2, 0.5) == 11.0  # booked: concurrent requests queue up
+    assert p.send_at("b.com", 10.2, 0.5) == 10.2  # another domain is not held
+    assert p.send_at("a.com", 20.0, 0.5) == 20.0  # long after: at once
+    # bounded memory: the oldest half is forgotten when full
+    for i in range(10):
+        p.send_at(f"d{i}.com", 30.0, 1.0)
+    assert len(p._last) <= 4
