@@ -28,6 +28,7 @@ from .merge import merge_crawl
 from .output import check_writable, list_parts
 from .storage import StorageError, check_output, is_remote, list_remote_parts, merged, with_location
 from .redisconn import RedisUnfit, check, connect
+from .scope import Router
 from .urls import BadURL
 
 
@@ -142,15 +143,15 @@ def _seeds(args) -> list[str]:
         CliError: a file cannot be read, or no seed at all (usage).
         BadURL: naming the first seed that is not a URL (and its file and line).
     """
-    seeds = list(args.seeds or [])
+    seeds = check_seeds(args.seeds) if args.seeds else []
     for name in args.seeds_file or ():
         try:
-            seeds += read_seeds_file(name)
+            seeds += read_seeds_file(name)  # checked, each bad line named
         except OSError as exc:
             raise CliError(f"--seeds-file {name}: {exc.strerror or exc}", exitcodes.NOINPUT)
     if not seeds:
         raise CliError("no seed URL given (SEED_URL arguments or --seeds-file)", exitcodes.USAGE)
-    return check_seeds(seeds)
+    return seeds
 
 
 def _config_seeds(seeds: list[str]) -> list[str]:
@@ -243,18 +244,25 @@ def cmd_run(args) -> int:
 LOOPBACK_HINT = "pass --allow-loopback to crawl a site on this machine"
 
 
-def _loopback_seeds(config: CrawlConfig, seeds: list[str]) -> list[str]:
+def _loopback_seeds(config: CrawlConfig, seeds: list[str], router=None) -> list[str]:
     """The seeds that ``config``'s network policy refuses only because they
     are on a loopback address (127.0.0.0/8, ::1, localhost), in order.
-    ``seeds`` are valid URLs (:func:`crawld.crawls.check_seeds`)."""
+    ``seeds`` are valid URLs (:func:`crawld.crawls.check_seeds`); ``router``
+    a :class:`crawld.scope.Router` of the crawl that may know them already."""
     from .netpolicy import AddressPolicy
-    from .urls import canonicalize, url_host
+    from .scope import Router
 
+    if config.allow_loopback:
+        return []
+    router = router or Router(config)
     policy = AddressPolicy(config.allow_loopback, config.allow_private_networks)
     with_loopback = AddressPolicy(True, config.allow_private_networks)
     out = []
     for s in seeds:
-        host = url_host(canonicalize(s))
+        canon = router.canonical(s)
+        if canon is None:
+            continue
+        host = router.route(canon).host
         if policy.check_host(host) and not with_loopback.check_host(host):
             out.append(s)
     return out
@@ -269,10 +277,11 @@ def cmd_seed(args) -> int:
             **_crawl_settings(args)}
     config = _with_family(CrawlConfig.from_dict(data), seeds)
     client = _client(args)
-    create_crawl(client, config, seeds)
-    n = seed(client, config, seeds)
+    router = Router(config, max_cache=max(200_000, 2 * len(seeds)))  # one canonical form and route per seed
+    create_crawl(client, config, seeds, router)
+    n = seed(client, config, seeds, router)
     print(f"crawl {config.crawl_id}: {n} new seed(s) queued across {config.num_shards} shard(s)")
-    loopback = _loopback_seeds(config, seeds)
+    loopback = _loopback_seeds(config, seeds, router)
     if loopback:
         more = f" (and {len(loopback) - 1} more)" if len(loopback) > 1 else ""
         print(f"crawlctl: warning: seed {loopback[0]}{more} is a loopback address: workers record it as "

@@ -60,15 +60,17 @@ class SharedDomainConflict(ConfigError):
     and what to do."""
 
 
-def scope_domains(config: CrawlConfig, seeds: list[str] | tuple[str, ...] = ()) -> set[str]:
+def scope_domains(config: CrawlConfig, seeds: list[str] | tuple[str, ...] = (),
+                  router: Router | None = None) -> set[str]:
     """The registered domains ``seeds`` (and ``config``'s own seeds and
-    ``allow_domains``) put in scope.
+    ``allow_domains``) put in scope; ``router`` (default a new one) may be
+    shared with the caller's other uses of the seeds (its caches).
 
     Raises:
         BadURL: a seed is not a crawlable URL.
     """
     out = set(scope_keys(config))
-    router = Router(config)
+    router = router or Router(config)
     for u in seeds:
         canon = router.canonical(u)
         if canon is None:
@@ -202,7 +204,8 @@ def read_seeds_file(name: str) -> list[str]:
     return out
 
 
-def create_crawl(client: redis.Redis, config: CrawlConfig, seeds: list[str] | tuple[str, ...] = ()) -> None:
+def create_crawl(client: redis.Redis, config: CrawlConfig, seeds: list[str] | tuple[str, ...] = (),
+                 router: Router | None = None) -> None:
     """Store ``config``, record its scope (its own seeds', ``allow_domains``
     and those of ``seeds``: :func:`record_scope`) and register the crawl.
 
@@ -213,7 +216,7 @@ def create_crawl(client: redis.Redis, config: CrawlConfig, seeds: list[str] | tu
         SharedDomainConflict: see :func:`record_scope`.
         BadURL: a seed is not a crawlable URL.
     """
-    record_scope(client, config, scope_domains(config, seeds), then=lambda: _store_config(client, config))
+    record_scope(client, config, scope_domains(config, seeds, router), then=lambda: _store_config(client, config))
 
 
 def _store_config(client: redis.Redis, config: CrawlConfig) -> None:
@@ -250,16 +253,17 @@ def load_crawl(client: redis.Redis, crawl_id: str) -> CrawlConfig:
                           "deletes what is left of it)") from None
 
 
-def seed(client: redis.Redis, config: CrawlConfig, urls: list[str]) -> int:
+def seed(client: redis.Redis, config: CrawlConfig, urls: list[str], router: Router | None = None) -> int:
     """Push ``urls`` at depth 0, their registered domains recorded in the
     crawl's scope first (:func:`record_scope`); returns how many were new.
+    ``router`` as for :func:`scope_domains`.
 
     Raises:
         BadURL, SharedDomainConflict.
     """
     frontier = Frontier(client, config)
-    router = Router(config)
-    record_scope(client, config, scope_domains(config, urls))
+    router = router or Router(config, max_cache=max(200_000, 2 * len(urls)))
+    record_scope(client, config, scope_domains(config, urls, router))
     by_shard: dict[int, list] = {}
     for u in urls:
         canon = router.canonical(u)

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from . import logs
 from .config import CrawlConfig
 from .crawls import create_crawl, export_dead_letters, seed
+from .scope import Router
 from .dedup import bloom_report
 from .frontier import Frontier, ShardSnapshot, crawl_finished
 from .localredis import RedisServer
@@ -183,8 +184,9 @@ def run_crawl(config: CrawlConfig, opts: RunOptions, out: TextIO = sys.stdout,
             Path(config.output).mkdir(parents=True, exist_ok=True)
         if not resume:
             seeds = list(config.seeds if seeds is None else seeds)
-            create_crawl(client, config, seeds)
-            seeded = seed(client, config, seeds)
+            router = Router(config, max_cache=max(200_000, 2 * len(seeds)))  # one canonical form per seed
+            create_crawl(client, config, seeds, router)
+            seeded = seed(client, config, seeds, router)
             log.info("crawl_created", seeds=seeded, shards=config.num_shards)
         frontier = Frontier(client, config)
         env = {"REDIS_URL": url, **opts.env}

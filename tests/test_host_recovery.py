@@ -9,7 +9,8 @@ connection at first (the port is bound, nothing listens: the kernel answers
 RST, ``ECONNREFUSED``); once the crawl has failed ``host_max_failures`` (10,
 the default) times in a row on it, as the fleet's politeness state in Redis
 records, it starts listening.  Settings are the defaults but for the backoff
-(0.05 s doubling to 0.2 s, so the test takes seconds, not minutes)."""
+(0.05 s doubling to 0.2 s, so the test takes seconds, not minutes) and the
+rate (20 r/s: the 51 pages after the recovery)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def test_a_host_refusing_its_first_10_connections_is_crawled_whole(tmp_path, red
     try:
         summary = summary_of(run_crawlctl("run", "--seeds-file", str(seeds_file), "--crawl-id", "recovery",
                                           "--shards", "2", "--allow-loopback", "--redis-url", redis_server.url,
+                                          "--max-rps-per-host", "20",
                                           "--set", "backoff_base_s=0.05", "--set", "backoff_max_s=0.2",
                                           "--out", str(tmp_path / "out"), "--json"))
     finally:
