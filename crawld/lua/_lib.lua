@@ -79,7 +79,7 @@ local function adapt_get(pkey)
 end
 
 -- politeness.interval: the emission interval in force for a claim by this
--- crawl, and its tolerance tau
+-- crawl, its tolerance tau, and the stored floor (for renew_floor)
 local function interval(pkey, now)
   local T = T0
   local r = redis.call('HGET', KEYS[13], pkey)
@@ -91,13 +91,12 @@ local function interval(pkey, now)
     local fi, fu = string.match(f, '^(%d+):(%d+)$')
     if fi and tonumber(fu) > now and tonumber(fi) > T then T = tonumber(fi) end
   end
-  return T, BM1 * T
+  return T, BM1 * T, f
 end
 
 -- politeness.next_floor: after a claim by this crawl, keep the floor at the
--- slowest live crawl's interval
-local function renew_floor(pkey, now)
-  local f = redis.call('HGET', KEYS[22], pkey)
+-- slowest live crawl's interval; f is the stored floor as interval() read it
+local function renew_floor(pkey, now, f)
   local hold = 3 * T0
   if hold < FLOOR_HOLD_US then hold = FLOOR_HOLD_US end
   if f then

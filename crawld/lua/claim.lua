@@ -91,7 +91,9 @@ while got < n and steps < 4 * n + 16 do
   local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
   local pkey = due[1]
   if not pkey then break end
-  local member = first_of(pkey)
+  -- the key's first two entries: the one to hand out, and whether another follows
+  local two = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. pkey .. SEP, '(' .. pkey .. '\32', 'LIMIT', 0, 2)
+  local member, more = two[1], two[2] ~= nil
   local parked = member and parked_reason(pkey, now)
   if not member then
     redis.call('ZREM', KEYS[2], pkey)
@@ -105,9 +107,9 @@ while got < n and steps < 4 * n + 16 do
     out[#out + 1] = payload
     out[#out + 1] = 0
     got = got + 1
-    if not first_of(pkey) then redis.call('ZREM', KEYS[2], pkey) end
+    if not more then redis.call('ZREM', KEYS[2], pkey) end
   else
-    local T, tau = interval(pkey, now)
+    local T, tau, floor = interval(pkey, now)
     local tat = tonumber(redis.call('HGET', KEYS[3], pkey) or 0)
     if tat < now then tat = now end
     local inflight = tonumber(redis.call('HGET', KEYS[4], pkey) or 0)
@@ -115,13 +117,14 @@ while got < n and steps < 4 * n + 16 do
     if tat - tau > now or inflight >= cap then
       -- not conforming yet, or at the cap: wait, and ask for a turn if
       -- another crawl took the slot (fair share)
+      local w = redis.call('HMGET', KEYS[21], pkey, pkey .. SEP)  -- waiting crawl, last claimer
       local other
       if tat - tau > now then
-        other = redis.call('HGET', KEYS[21], pkey .. SEP) ~= KEYS[1]
+        other = w[2] ~= KEYS[1]
       else
         other = own_slots(pkey) < inflight
       end
-      if other and redis.call('HEXISTS', KEYS[21], pkey) == 0 then
+      if other and not w[1] then
         redis.call('HSET', KEYS[21], pkey, KEYS[1])
       end
       if tat - tau > now then
@@ -130,7 +133,8 @@ while got < n and steps < 4 * n + 16 do
         park_at_cap(pkey, inflight, now)
       end
     else
-      local want = redis.call('HGET', KEYS[21], pkey)
+      local w = redis.call('HMGET', KEYS[21], pkey, pkey .. SEP)  -- waiting crawl, last claimer
+      local want = w[1]
       if want and want ~= KEYS[1] then
         -- another crawl waits on this pkey: leave it this slot, once
         redis.call('HDEL', KEYS[21], pkey)
@@ -141,15 +145,15 @@ while got < n and steps < 4 * n + 16 do
         tat = tat + T
         redis.call('HSET', KEYS[3], pkey, tat)
         inflight = take_slot(pkey)
-        renew_floor(pkey, now)
-        redis.call('HSET', KEYS[21], pkey .. SEP, KEYS[1])
+        renew_floor(pkey, now, floor)
+        if w[2] ~= KEYS[1] then redis.call('HSET', KEYS[21], pkey .. SEP, KEYS[1]) end
         out[#out + 1] = new_claim('c', pkey, attempts, '', payload, now + vt)
         out[#out + 1] = attempts
         out[#out + 1] = ''
         out[#out + 1] = payload
         out[#out + 1] = T
         got = got + 1
-        if not first_of(pkey) then
+        if not more then
           redis.call('ZREM', KEYS[2], pkey)
         elseif inflight < cap then
           redis.call('ZADD', KEYS[2], tat - tau, pkey)

@@ -9,14 +9,14 @@
 -- Returns the wait in microseconds (0: go now).
 local now = now_us()
 local pkey = ARGV[4]
-local T, tau = interval(pkey, now)
+local T, tau, floor = interval(pkey, now)
 local tat = tonumber(redis.call('HGET', KEYS[3], pkey) or 0)
 local wait = tat - tau - now
 if wait < 0 then wait = 0 end
 if tat < now then tat = now end
 tat = tat + T
 redis.call('HSET', KEYS[3], pkey, tat)
-renew_floor(pkey, now)
+renew_floor(pkey, now, floor)
 if redis.call('ZSCORE', KEYS[2], pkey) then
   redis.call('ZADD', KEYS[2], 'GT', tat - tau, pkey)
 end

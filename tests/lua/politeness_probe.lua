@@ -14,6 +14,7 @@ if op == 'slowdown' then
 elseif op == 'success' then
   speed_up(pkey)
 elseif op == 'floor' then
-  renew_floor(pkey, now)
+  local _, _, f = interval(pkey, now)
+  renew_floor(pkey, now, f)
 end
 return {interval(pkey, now), redis.call('HGET', KEYS[20], pkey), redis.call('HGET', KEYS[22], pkey)}
