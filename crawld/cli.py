@@ -174,8 +174,33 @@ def _new_crawl_id() -> str:
     return "run-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid() % 10000:04d}"
 
 
+def _run_here(config: CrawlConfig, opts, **kw) -> dict:
+    """:func:`crawld.runner.run_crawl` (``kw``: its ``seeds``, ``resume``),
+    with a temporary spool for an object-storage output and its errors as
+    :class:`CliError` exit codes; returns the summary."""
+    from .runner import RunFailed, RunInterrupted, run_crawl
+
+    if is_remote(config.output):
+        # workers spool their parts here until each closed part is uploaded
+        import tempfile
+
+        opts.env["CRAWLD_SPOOL_DIR"] = tempfile.mkdtemp(prefix=f"crawld-spool-{config.crawl_id}-")
+    try:
+        return run_crawl(config, opts, **kw)
+    except RunInterrupted as exc:
+        raise CliError(str(exc), exitcodes.INTERRUPTED)
+    except RunFailed as exc:
+        raise CliError(str(exc), exitcodes.FAILED)
+    finally:
+        spool = opts.env.get("CRAWLD_SPOOL_DIR")
+        if spool and not any(p.is_file() for p in Path(spool).rglob("*")):
+            import shutil
+
+            shutil.rmtree(spool, ignore_errors=True)  # every part shipped
+
+
 def cmd_run(args) -> int:
-    from .runner import RunFailed, RunInterrupted, RunOptions, print_summary, run_crawl
+    from .runner import RunOptions, print_summary
 
     seeds = _seeds(args)
     # workers, reclaimer and supervisor log warnings and errors only, unless
@@ -211,23 +236,7 @@ def cmd_run(args) -> int:
     opts = RunOptions(redis_url=_redis_url(args), concurrency=workers, proxy=proxy,
                       drain_timeout_s=args.drain_timeout,
                       progress=sys.stderr.isatty() and not args.quiet)
-    if storage is not None:
-        # workers spool their parts here until each closed part is uploaded
-        import tempfile
-
-        opts.env["CRAWLD_SPOOL_DIR"] = tempfile.mkdtemp(prefix=f"crawld-spool-{config.crawl_id}-")
-    try:
-        summary = run_crawl(config, opts, seeds=seeds)
-    except RunInterrupted as exc:
-        raise CliError(str(exc), exitcodes.INTERRUPTED)
-    except RunFailed as exc:
-        raise CliError(str(exc), exitcodes.FAILED)
-    finally:
-        spool = opts.env.get("CRAWLD_SPOOL_DIR")
-        if spool and not any(p.is_file() for p in Path(spool).rglob("*")):
-            import shutil
-
-            shutil.rmtree(spool, ignore_errors=True)  # every part shipped
+    summary = _run_here(config, opts, seeds=seeds)
     print_summary(summary, args.json)
     if not summary["statuses"] and summary["rows"]:
         loopback = _loopback_seeds(config, seeds) if summary["not_fetched"].get("address_blocked") else []
@@ -675,18 +684,12 @@ def cmd_retry(args) -> int:
         print(f"workers serving the crawl fetch them; 'crawlctl merge --crawl-id {config.crawl_id}' then keeps "
               "the newest row of each URL (or 'crawlctl retry --run' serves it here)")
         return exitcodes.OK
-    from .runner import RunFailed, RunInterrupted, RunOptions, print_summary, run_crawl
+    from .runner import RunOptions, print_summary
 
     os.environ.setdefault("CRAWLD_LOG_LEVEL", "warning")
     opts = RunOptions(redis_url=_redis_url(args), concurrency=args.workers or machine()["NUM_WORKERS"],
                       proxy=args.proxy or machine()["CRAWLD_PROXY"], progress=sys.stderr.isatty())
-    try:
-        summary = run_crawl(config, opts, resume=True)
-    except RunInterrupted as exc:
-        raise CliError(str(exc), exitcodes.INTERRUPTED)
-    except RunFailed as exc:
-        raise CliError(str(exc), exitcodes.FAILED)
-    print_summary(summary, args.json)
+    print_summary(_run_here(config, opts, resume=True), args.json)
     return exitcodes.OK
 
 

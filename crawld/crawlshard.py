@@ -515,14 +515,19 @@ class CrawlShard:
         self.log.warning("robots_txt_cut", origin=origin, max_bytes=MAX_ROBOTS_BYTES,
                          action="rules read up to the last complete line before the cut")
 
-    def _fetch_robots(self, origin: str) -> RobotsFetch:
+    def _fetch_robots(self, origin: str, via: tuple[str, ...] = ()) -> RobotsFetch:
         """GET ``origin``/robots.txt, following up to
         :data:`ROBOTS_MAX_REDIRECTS` redirects (RFC 9309 section 2.3.1.2:
         at least five; more is "unavailable", 2.3.1.3).  The first request
         uses the politeness slot of the claim that needed the file; every
         hop after it books its own slot with its host's registered domain
-        (``reserve``) and waits until it conforms, like any request."""
-        url, hops, chain = origin + "/robots.txt", 0, []
+        (``reserve``) and waits until it conforms, like any request.  A
+        redirect to another origin's ``/robots.txt`` (a bare domain to its
+        ``www.``) takes that origin's answer: from the cache, or from its
+        own one fetch (so the file is requested once however many origins
+        redirect to it); ``via`` are the origins waiting on this one (a
+        redirect back to one of them is a loop: "unavailable")."""
+        url, hops = origin + "/robots.txt", 0
         pkey = self.router.route(origin + "/").pkey
         while True:
             self._pace(pkey)
@@ -541,17 +546,27 @@ class CrawlShard:
             hops += 1
             if hops > ROBOTS_MAX_REDIRECTS:
                 return RobotsFetch(None, error=f"redirects: more than {ROBOTS_MAX_REDIRECTS}", error_kind="redirects")
+            hop_origin = origin_of(canon)
+            other = canon == hop_origin + "/robots.txt" and hop_origin != origin
+            if other and hop_origin in via:
+                return RobotsFetch(None, error=f"redirects: a loop back to {hop_origin}/robots.txt",
+                                   error_kind="redirects")
+            if other:
+                pol = self.robots.cached(hop_origin)
+                if pol is not None:
+                    return RobotsFetch.of(pol.record)
             route = self.router.route(canon)
             wait = self.frontier.reserve(route.shard, route.pkey)
             if wait > 0:
                 gevent.sleep(wait)
+            if other:
+                # its fetch takes the slot just booked (or, done elsewhere meanwhile, none)
+                pol, _ = self.robots.fetch(hop_origin, via=(*via, origin))
+                return RobotsFetch.of(pol.record)
             url, pkey = target, route.pkey
-            hop_origin = origin_of(canon)
-            if canon == hop_origin + "/robots.txt" and hop_origin != origin and hop_origin not in chain:
-                chain.append(hop_origin)
         ok = res.status is not None and 200 <= res.status < 300
         body = res.body.decode("utf-8", errors="replace") if ok else ""
-        return RobotsFetch(res.status, body, res.error, res.error_kind, cut=ok and res.truncated, also_for=chain)
+        return RobotsFetch(res.status, body, res.error, res.error_kind, cut=ok and res.truncated)
 
     def _robots_allows(self, origin: str, url: str) -> bool | None:
         pol = self.robots.known(origin)

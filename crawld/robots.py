@@ -158,17 +158,20 @@ class RobotsPolicy:
 class RobotsFetch:
     """What fetching one origin's robots.txt gave: ``status`` (None: no
     response), ``body`` (text, empty unless 2xx), ``error``/``error_kind``
-    as :class:`crawld.fetcher.FetchResult` has them, ``cut`` when the body
-    was cut at :data:`MAX_ROBOTS_BYTES`, and ``also_for``: the other origins
-    whose ``/robots.txt`` redirected along the chain to this answer (it is
-    their robots.txt too, RFC 9309 section 2.3.1.2)."""
+    as :class:`crawld.fetcher.FetchResult` has them, and ``cut`` when the
+    body was cut at :data:`MAX_ROBOTS_BYTES`."""
 
     status: int | None
     body: str = ""
     error: str | None = None
     error_kind: str | None = None
     cut: bool = False
-    also_for: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rec: RobotsRecord) -> "RobotsFetch":
+        """The answer another origin's record holds (a redirect to its
+        ``/robots.txt`` takes its answer, RFC 9309 section 2.3.1.2)."""
+        return cls(rec.status, rec.body, rec.error, rec.error_kind, rec.cut)
 
 
 class RobotsCache:
@@ -177,10 +180,12 @@ class RobotsCache:
     ``key_of(origin)`` names the Redis hash holding ``origin``'s cache entry
     (its shard's ``robots`` hash, shared by every crawl, so an origin's file
     is fetched once for the fleet within its TTL) and ``lock_of(origin)``
-    the lock taken while one process fetches it.  ``fetch_body(origin)``
-    performs the requests (each redirect hop on its own politeness slot)
-    and returns a :class:`RobotsFetch`.  Raises ``redis.RedisError`` when
-    Redis fails.
+    the lock taken while one process fetches it.  ``fetch_body(origin,
+    via)`` performs the requests (each redirect hop on its own politeness
+    slot; a redirect to another origin's ``/robots.txt`` takes that origin's
+    answer through :meth:`fetch`, ``via`` naming the origins waiting on it,
+    so that a loop is caught) and returns a :class:`RobotsFetch`.  Raises
+    ``redis.RedisError`` when Redis fails.
     """
 
     #: how long a fetch may hold an origin's lock before others fetch anyway (s)
@@ -240,11 +245,12 @@ class RobotsCache:
             self._local.clear()
         self._local[origin] = pol
 
-    def fetch(self, origin: str) -> tuple[RobotsPolicy, bool]:
+    def fetch(self, origin: str, via: tuple[str, ...] = ()) -> tuple[RobotsPolicy, bool]:
         """Fetch ``origin``'s robots.txt, once: greenlets of this process
         asking at the same time wait for one fetch (gevent AsyncResult), and
         other processes wait on the origin's lock in Redis and read what the
-        fetch stored.
+        fetch stored.  ``via``: the origins whose robots.txt redirected here
+        and wait for this answer.
 
         Returns ``(policy, fetched_here)``: ``fetched_here`` is True for the
         one caller whose request went out (it used its politeness slot).
@@ -254,7 +260,7 @@ class RobotsCache:
             return waiting.get(), False
         result = self._pending[origin] = gevent.event.AsyncResult()
         try:
-            pol, fetched = self._fetch_once(origin)
+            pol, fetched = self._fetch_once(origin, via)
             self._remember(origin, pol)
             result.set(pol)
             return pol, fetched
@@ -264,7 +270,7 @@ class RobotsCache:
         finally:
             self._pending.pop(origin, None)
 
-    def _fetch_once(self, origin: str) -> tuple[RobotsPolicy, bool]:
+    def _fetch_once(self, origin: str, via: tuple[str, ...]) -> tuple[RobotsPolicy, bool]:
         lock = self.lock_of(origin)
         deadline = time.monotonic() + self.LOCK_TTL_S
         delay = 0.05
@@ -284,7 +290,7 @@ class RobotsCache:
             pol, failures = self._stored(origin, time.time())
             if pol is not None:
                 return pol, False
-            got = self._fetch_body(origin)
+            got = self._fetch_body(origin, via)
             state = classify(got.status, got.error_kind)
             rec = RobotsRecord(time.time(), got.status, got.body if state == RULES else "", got.error,
                                got.error_kind, failures + 1 if state == UNREACHABLE else 0)
@@ -292,13 +298,8 @@ class RobotsCache:
                 rec.cut = True
                 if self._on_cut is not None:
                     self._on_cut(origin, got)
-            raw = rec.to_json()
-            for o in [origin, *got.also_for]:
-                self.client.hset(self.key_of(o), o, raw)
-            pol = RobotsPolicy(rec, self.agent)
-            for o in got.also_for:
-                self._remember(o, pol)
-            return pol, True
+            self.client.hset(self.key_of(origin), origin, rec.to_json())
+            return RobotsPolicy(rec, self.agent), True
         finally:
             try:
                 if self.client.get(lock) == self._token.encode():

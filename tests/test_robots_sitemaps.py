@@ -194,7 +194,7 @@ def test_a_robots_txt_cut_at_500_kib_is_known_as_cut_and_read_to_its_last_line(r
     with SiteServer(("127.0.0.1", 0), files={(host, "/robots.txt"): (200, body, "text/plain")}) as srv:
         session = make_session(cfg, 1, proxy=srv.url)
 
-        def fetch_body(origin):
+        def fetch_body(origin, via=()):
             res = fetch(session, origin + "/robots.txt", cfg, max_bytes=MAX_ROBOTS_BYTES)
             return RobotsFetch(res.status, res.body.decode("utf-8", errors="replace"), res.error, res.error_kind,
                                cut=res.truncated)
@@ -209,3 +209,41 @@ def test_a_robots_txt_cut_at_500_kib_is_known_as_cut_and_read_to_its_last_line(r
     assert stored.cut and len(stored.body.encode()) == MAX_ROBOTS_BYTES
     cache._local.clear()
     assert cache.cached(f"http://{host}").cut
+
+
+def test_a_robots_txt_that_origins_redirect_to_is_fetched_once(tmp_path, redis_server):
+    """The bare domain's robots.txt redirects to www's, which answers slowly:
+    both origins' fetches are under way at once, yet www's file is requested
+    once (the redirect waits for www's own fetch), and a loop between two
+    origins ends at once as "unavailable" (allow)."""
+    from hostile import HostileServer, page, redirect, respond
+
+    bare, www = "robots-once.com", "www.robots-once.com"
+    a, b = "loop-a.robots-once.org", "loop-b.robots-once.org"
+
+    def slow_rules(conn, req):
+        req.sleep(1.0)
+        respond(200, "User-agent: *\nDisallow: /private\n", content_type="text/plain")(conn, req)
+
+    srv = HostileServer()
+    srv.route(bare, "/robots.txt", redirect(f"http://{www}/robots.txt", 301))
+    srv.route(bare, "/", page("bare", ["/private/x"]))
+    srv.route(www, "/robots.txt", slow_rules)
+    srv.route(www, "/", page("www", ["/private/y"]))
+    srv.route(a, "/robots.txt", redirect(f"http://{b}/robots.txt", 301))
+    srv.route(b, "/robots.txt", redirect(f"http://{a}/robots.txt", 301))
+    srv.route(a, "/", page("a", []))
+    srv.route(b, "/", page("b", []))
+    with srv:
+        summary = summary_of(crawlctl("run", f"http://{bare}/", f"http://{www}/", f"http://{a}/", f"http://{b}/",
+                                      "--allow-domain", "robots-once.org", "--crawl-id", "once", "--shards", "2",
+                                      "--max-rps-per-host", "20", "--proxy", srv.url, "--redis-url", redis_server.url,
+                                      "--out", str(tmp_path), "--json"))
+        assert srv.count(www, "/robots.txt") == 1
+        assert srv.count(bare, "/robots.txt") == 1
+        # the loop: each origin's robots.txt asked for once, then allow
+        assert srv.count(a, "/robots.txt") + srv.count(b, "/robots.txt") <= 3
+        assert not srv.saw(bare, "/private/x") and not srv.saw(www, "/private/y")
+    rows = {r["url"]: r for r in pq.read_table(summary["artifact"]).to_pylist()}
+    assert rows[f"http://{a}/"]["status"] == 200 and rows[f"http://{b}/"]["status"] == 200
+    assert rows[f"http://{bare}/private/x"]["error"] == "robots_disallowed"
