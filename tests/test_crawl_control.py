@@ -44,11 +44,13 @@ B_HOSTS = ["www.gamma-pause.net", "www.delta-pause.io"]
 
 def test_pause_stops_one_crawl_while_another_goes_on_and_resume_completes_it(tmp_path, own_redis):
     client = redis_mod.Redis.from_url(own_redis.url)
-    a_site, b_site = SyntheticSite(pages=40), SyntheticSite(pages=80)
+    # crawl a at 4 r/s (~10 s a site): still under way when the pause takes
+    # effect, even on a loaded machine where crawlctl takes seconds to start
+    a_site, b_site = SyntheticSite(pages=40), SyntheticSite(pages=120)
     sites = {**{h: a_site for h in A_HOSTS}, **{h: b_site for h in B_HOSTS}}
     with SiteServer(("127.0.0.1", 0), synthetic=sites, delay_s=0.05) as srv:
         a = seed(own_redis.url, "pause-a", tmp_path / "out", [f"http://{h}/" for h in A_HOSTS], "--shards", "2",
-                 "--max-rps-per-host", "10")
+                 "--max-rps-per-host", "4")
         b = seed(own_redis.url, "pause-b", tmp_path / "out", [f"http://{h}/" for h in B_HOSTS], "--shards", "2",
                  "--max-rps-per-host", "10")
         d = start_daemon(own_redis.url, "0-1", tmp_path / "log", CRAWLD_PROXY=srv.url)
